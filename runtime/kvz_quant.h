@@ -1,0 +1,51 @@
+/**
+ * @file kvz_quant.h
+ * @brief ggml tensor types: sizes and dequantization to fp32 (CPU reference).
+ *
+ * Block layouts follow ggml's (see docs/GGUF.md). All functions are pure and
+ * thread-safe.
+ */
+#ifndef KVZ_QUANT_H
+#define KVZ_QUANT_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** ggml type codes as stored in GGUF. */
+enum {
+    KVZ_TYPE_F32 = 0, KVZ_TYPE_F16 = 1, KVZ_TYPE_Q4_0 = 2, KVZ_TYPE_Q4_1 = 3,
+    KVZ_TYPE_Q5_0 = 6, KVZ_TYPE_Q5_1 = 7, KVZ_TYPE_Q8_0 = 8, KVZ_TYPE_Q8_1 = 9,
+    KVZ_TYPE_Q2_K = 10, KVZ_TYPE_Q3_K = 11, KVZ_TYPE_Q4_K = 12, KVZ_TYPE_Q5_K = 13,
+    KVZ_TYPE_Q6_K = 14, KVZ_TYPE_Q8_K = 15, KVZ_TYPE_BF16 = 30,
+};
+
+/** Elements per block (1 for F32/F16/BF16), or 0 if the type is unknown. */
+int64_t kvz_type_block_elems(uint32_t type);
+/** Bytes per block, or 0 if the type is unknown. */
+int64_t kvz_type_block_bytes(uint32_t type);
+/** Short name ("Q4_K"), "?" if unknown. */
+const char *kvz_type_name(uint32_t type);
+/** 1 if kvz_dequantize() supports the type. */
+int kvz_type_supported(uint32_t type);
+/** Bytes of @p n elements, or -1 if @p n is not a multiple of the block or the type is unknown. */
+int64_t kvz_type_nbytes(uint32_t type, int64_t n);
+
+/**
+ * Dequantize @p n elements (a multiple of the block size) from @p src to fp32 @p dst.
+ * @return 0, KVZ_ERR_UNSUPPORTED (type), KVZ_ERR_ARG (n not a block multiple).
+ */
+int kvz_dequantize(uint32_t type, const void *src, float *dst, int64_t n);
+
+float kvz_fp16_to_fp32(uint16_t h);
+uint16_t kvz_fp32_to_fp16(float f);     /**< round to nearest even */
+float kvz_bf16_to_fp32(uint16_t h);
+uint16_t kvz_fp32_to_bf16(float f);     /**< round to nearest even, NaN kept */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
