@@ -59,10 +59,16 @@ typedef struct kvz_gguf kvz_gguf;
 
 /**
  * Map and parse a GGUF file (versions 2 and 3).
- * @return 0; KVZ_ERR_IO (cannot open/map, errno in detail), KVZ_ERR_FORMAT (bad
- *   magic, inconsistent tables), KVZ_ERR_TRUNCATED (file too short for what it
- *   declares), KVZ_ERR_VERSION (other GGUF version), KVZ_ERR_UNSUPPORTED (unknown
- *   tensor type), KVZ_ERR_NOMEM. On error *out is NULL.
+ * @return 0; KVZ_ERR_NOTFOUND (no such file), KVZ_ERR_IO (cannot open/map,
+ *   errno in detail), KVZ_ERR_FORMAT (bad magic, inconsistent tables: counts or
+ *   lengths above sanity caps, n_dims not 1..4, a zero dim, a size overflow, an
+ *   unknown metadata type, duplicate key or tensor name, general.alignment not a
+ *   u32 power of two, a tensor offset not aligned, a row not a block multiple),
+ *   KVZ_ERR_TRUNCATED (file too short for what it declares, including tensor
+ *   data past the end), KVZ_ERR_VERSION (other GGUF version),
+ *   KVZ_ERR_UNSUPPORTED (unknown tensor type), KVZ_ERR_ARG (NULL argument),
+ *   KVZ_ERR_NOMEM. On error *out is NULL and kvz_error_detail() says where.
+ *   Arrays of arrays are validated and kept as one kv with arr_type ARRAY.
  */
 int kvz_gguf_open(const char *path, kvz_gguf **out);
 void kvz_gguf_close(kvz_gguf *g);
@@ -93,12 +99,18 @@ const kvz_gguf_tensor *kvz_gguf_tensor_at(const kvz_gguf *g, uint64_t i);
 /** Tensor named @p name, or NULL. */
 const kvz_gguf_tensor *kvz_gguf_find_tensor(const kvz_gguf *g, const char *name);
 
+/** File offset of the data section (tensor t's bytes start at this + t->offset). */
+uint64_t kvz_gguf_data_offset(const kvz_gguf *g);
+/** Alignment of the data section and tensor offsets (general.alignment, default 32). */
+uint32_t kvz_gguf_alignment(const kvz_gguf *g);
+
 /** 1 if @p s equals the NUL-terminated @p cstr. */
 int kvz_str_eq(kvz_str s, const char *cstr);
 
 /**
- * Model fingerprint: XXH3-128 over the metadata section bytes and every
- * tensor's bytes, in file order. Reads the whole file once (~0.1 s / 100 MB);
+ * Model fingerprint: XXH3-128 (canonical big-endian bytes) over the file from
+ * offset 0 to the end of the tensor-info table, then every tensor's bytes in
+ * tensor-table order (alignment padding is not hashed). Reads the whole file once (~0.1 s / 100 MB);
  * cached after the first call (thread-safe only if first called before sharing).
  */
 void kvz_gguf_fingerprint(kvz_gguf *g, uint8_t out[16]);
