@@ -1,0 +1,239 @@
+#include "cli_util.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kvz_error.h"
+
+const char *cli_prog = "kvzip";
+
+void cli_error(int rc, const char *fmt, ...)
+{
+    char what[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    const char *detail = kvz_error_detail();
+    if (detail[0])
+        fprintf(stderr, "%s: error: %s: %s (%s)\n", cli_prog, what, detail, kvz_strerror(rc));
+    else
+        fprintf(stderr, "%s: error: %s: %s\n", cli_prog, what, kvz_strerror(rc));
+    kvz_error_clear();
+}
+
+void cli_usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "%s: ", cli_prog);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (see %s --help)\n", cli_prog);
+    exit(EXIT_USAGE);
+}
+
+int cli_exit_code(int rc)
+{
+    switch (rc) {
+    case KVZ_OK: return EXIT_OK;
+    case KVZ_ERR_ARG: return EXIT_USAGE;
+    case KVZ_ERR_EMPTY: case KVZ_ERR_ENCODING: case KVZ_ERR_CONTEXT: return EXIT_INPUT;
+    case KVZ_ERR_MODEL: case KVZ_ERR_UNSUPPORTED: return EXIT_MODEL;
+    case KVZ_ERR_LMDB: case KVZ_ERR_FULL: case KVZ_ERR_CHECKSUM: case KVZ_ERR_VERSION:
+    case KVZ_ERR_BUSY: return EXIT_STORE;
+    case KVZ_ERR_NOTFOUND: return EXIT_NOTFOUND;
+    default: return EXIT_FAIL;
+    }
+}
+
+long cli_parse_long(const char *flag, const char *s, long lo, long hi)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        cli_usage_error("%s expects an integer in [%ld, %ld], got '%s'", flag, lo, hi, s);
+    return v;
+}
+
+double cli_parse_double(const char *flag, const char *s, double lo, double hi)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi))
+        cli_usage_error("%s expects a number in [%g, %g], got '%s'", flag, lo, hi, s);
+    return v;
+}
+
+const char *cli_value(int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc) cli_usage_error("%s needs a value", argv[*i]);
+    return argv[++*i];
+}
+
+static int file_exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+const char *cli_model_path(const char *flag_value)
+{
+    if (flag_value) return flag_value;
+    const char *env = getenv("KVZ_MODEL");
+    if (env && *env) return env;
+    if (file_exists(KVZ_DEFAULT_MODEL)) return KVZ_DEFAULT_MODEL;
+    /* installed next to the build tree: <root>/build/bin/tool -> <root>/models/... */
+    static char path[PATH_MAX];
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(path, sizeof path, "%.*s/../../%s", (int)(sizeof path - 64), exe,
+                     KVZ_DEFAULT_MODEL);
+            if (file_exists(path)) return path;
+        }
+    }
+    return KVZ_DEFAULT_MODEL;
+}
+
+const char *cli_store_path(const char *flag_value)
+{
+    if (flag_value) return flag_value;
+    const char *env = getenv("KVZ_STORE");
+    return env && *env ? env : KVZ_DEFAULT_STORE;
+}
+
+int32_t cli_parse_device(const char *s)
+{
+    if (!strcmp(s, "cpu")) return KVZ_DEVICE_CPU;
+    if (!strcmp(s, "cuda")) return KVZ_DEVICE_CUDA;
+    if (!strcmp(s, "auto")) return KVZ_DEVICE_AUTO;
+    cli_usage_error("--device expects cpu, cuda or auto, got '%s'", s);
+}
+
+int cli_load_model(const char *path, const char *synthetic, int32_t device, int32_t threads,
+                   kvz_model **out)
+{
+    kvz_model_opts o = {.device = device, .n_threads = threads};
+    int rc;
+    if (synthetic) {
+        rc = kvz_model_synthetic(synthetic, &o, out);
+        if (rc) cli_error(rc, "cannot build synthetic model '%s'", synthetic);
+    } else {
+        if (!file_exists(path)) {
+            fprintf(stderr, "%s: error: model file %s not found (run scripts/setup, or pass "
+                    "--model / set KVZ_MODEL)\n", cli_prog, path);
+            return KVZ_ERR_NOTFOUND;
+        }
+        rc = kvz_model_load(path, &o, out);
+        if (rc) cli_error(rc, "cannot load model %s", path);
+    }
+    return rc;
+}
+
+int cli_is_text(const char *s, size_t len, size_t *bad)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = p[i];
+        size_t n;
+        uint32_t cp;
+        if (c == 0) goto fail;
+        if (c < 0x80) { i++; continue; }
+        if ((c & 0xE0) == 0xC0) { n = 1; cp = c & 0x1F; }
+        else if ((c & 0xF0) == 0xE0) { n = 2; cp = c & 0x0F; }
+        else if ((c & 0xF8) == 0xF0) { n = 3; cp = c & 0x07; }
+        else goto fail;
+        for (size_t k = 1; k <= n; k++) {
+            if (i + k >= len || (p[i + k] & 0xC0) != 0x80) goto fail;
+            cp = (cp << 6) | (p[i + k] & 0x3F);
+        }
+        if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+            cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            goto fail;
+        i += n + 1;
+    }
+    return 1;
+fail:
+    if (bad) *bad = i;
+    return 0;
+}
+
+int cli_read_text(const char *path, size_t max_bytes, char **out, size_t *len)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return kvz_error_set(errno == ENOENT ? KVZ_ERR_NOTFOUND : KVZ_ERR_IO, "%s: %s", path,
+                             strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return kvz_error_set(KVZ_ERR_IO, "%s: not a regular file", path);
+    }
+    if ((size_t)st.st_size > max_bytes) {
+        fclose(f);
+        return kvz_error_set(KVZ_ERR_CONTEXT, "%s: %lld bytes is larger than the %zu-byte limit",
+                             path, (long long)st.st_size, max_bytes);
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        fclose(f);
+        return KVZ_ERR_NOMEM;
+    }
+    size_t n = fread(buf, 1, (size_t)st.st_size, f);
+    int err = ferror(f);
+    fclose(f);
+    if (err || n != (size_t)st.st_size) {
+        free(buf);
+        return kvz_error_set(KVZ_ERR_IO, "%s: read failed", path);
+    }
+    buf[n] = 0;
+    size_t i = 0;
+    while (i < n && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\t' || buf[i] == '\r')) i++;
+    if (i == n) {
+        free(buf);
+        return kvz_error_set(KVZ_ERR_EMPTY, "%s is empty", path);
+    }
+    size_t bad;
+    if (!cli_is_text(buf, n, &bad)) {
+        unsigned char b = (unsigned char)buf[bad];
+        free(buf);
+        return kvz_error_set(KVZ_ERR_ENCODING, "%s is not UTF-8 text (bad byte 0x%02x at offset "
+                             "%zu)", path, b, bad);
+    }
+    *out = buf;
+    if (len) *len = n;
+    return 0;
+}
+
+void cli_json_str(FILE *f, const char *s, size_t len)
+{
+    fputc('"', f);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        switch (c) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        default:
+            if (c < 0x20) fprintf(f, "\\u%04x", c);
+            else fputc(c, f);
+        }
+    }
+    fputc('"', f);
+}

@@ -1,0 +1,54 @@
+/* Helpers shared by the command-line tools: argument values, error lines,
+ * model resolution, document reading, JSON string output. Only CLIs print. */
+#ifndef KVZ_CLI_UTIL_H
+#define KVZ_CLI_UTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvz_model.h"
+
+#define KVZ_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define KVZ_DEFAULT_STORE "kvzip-store"
+
+/* Exit codes of every tool (docs/ERRORS.md). */
+enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2, EXIT_INPUT = 3, EXIT_MODEL = 4,
+       EXIT_STORE = 5, EXIT_NOTFOUND = 6 };
+
+extern const char *cli_prog;
+
+/* Print "prog: error: <what>: <strerror(rc)>[: detail]" on one line. */
+void cli_error(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Print "prog: <msg>" and exit(EXIT_USAGE). */
+void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* Exit code for a library error class. */
+int cli_exit_code(int rc);
+
+/* Parse numbers; usage error (exit 2) on garbage or out of [lo, hi]. */
+long cli_parse_long(const char *flag, const char *s, long lo, long hi);
+double cli_parse_double(const char *flag, const char *s, double lo, double hi);
+/* The value after a flag: argv[++*i], or usage error if missing. */
+const char *cli_value(int argc, char **argv, int *i);
+
+/* Model path: --model value, else $KVZ_MODEL, else ./models/..., else relative to the binary. */
+const char *cli_model_path(const char *flag_value);
+/* Store path: --store value, else $KVZ_STORE, else ./kvzip-store. */
+const char *cli_store_path(const char *flag_value);
+/* Device from "cpu|cuda|auto" (usage error otherwise). */
+int32_t cli_parse_device(const char *s);
+
+/* Load the model (or a synthetic one when synthetic != NULL); prints the error. */
+int cli_load_model(const char *path, const char *synthetic, int32_t device, int32_t threads,
+                   kvz_model **out);
+
+/* Read a document: rejects missing/unreadable (KVZ_ERR_IO / NOTFOUND), empty
+ * (KVZ_ERR_EMPTY), binary or non-UTF-8 (KVZ_ERR_ENCODING, with the byte offset in
+ * the detail), larger than max_bytes (KVZ_ERR_CONTEXT). *out is malloc'd, NUL-terminated. */
+int cli_read_text(const char *path, size_t max_bytes, char **out, size_t *len);
+/* 1 if buf is valid UTF-8 with no NUL bytes; else 0 and *bad = offset of the first bad byte. */
+int cli_is_text(const char *buf, size_t len, size_t *bad);
+
+/* Write s as a JSON string literal (with quotes). */
+void cli_json_str(FILE *f, const char *s, size_t len);
+
+#endif

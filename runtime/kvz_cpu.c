@@ -1,0 +1,343 @@
+/* CPU backend: fp32 forward pass over OpenBLAS GEMMs. The reference for every
+ * other backend. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvz_error.h"
+#include "kvz_model_impl.h"
+
+#define KVZ_CPU_MAX_BATCH 1024   /* tokens per internal pass (bounds scratch memory) */
+#define KVZ_ATTN_BLOCK_FLOATS (4u << 20) /* score block budget: 16 MiB */
+
+/* y (n, out) = x (n, in) · Wᵀ, W (out, in); beta=1 accumulates into y. */
+static void matmul(const float *x, const float *w, float *y, int n, int in, int out, float beta)
+{
+    if (n == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, beta, y, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in,
+                    beta, y, out);
+}
+
+static void rmsnorm(float *out, const float *x, const float *w, int n, int d, float eps)
+{
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * d;
+        float *oi = out + (size_t)i * d;
+        float ss = 0.0f;
+        for (int j = 0; j < d; j++) ss += xi[j] * xi[j];
+        const float r = 1.0f / sqrtf(ss / (float)d + eps);
+        for (int j = 0; j < d; j++) oi[j] = w[j] * (xi[j] * r);
+    }
+}
+
+/* Rotate @p nh vectors of length hd at position pos. */
+static void rope(float *x, int nh, int hd, int32_t pos, const float *inv_freq, int adjacent)
+{
+    const int half = hd / 2;
+    for (int j = 0; j < half; j++) {
+        const float ang = (float)pos * inv_freq[j];
+        const float c = cosf(ang), s = sinf(ang);
+        for (int h = 0; h < nh; h++) {
+            float *v = x + (size_t)h * hd;
+            const int i0 = adjacent ? 2 * j : j, i1 = adjacent ? 2 * j + 1 : j + half;
+            const float a = v[i0], b = v[i1];
+            v[i0] = a * c - b * s;
+            v[i1] = a * s + b * c;
+        }
+    }
+}
+
+static float *scratch(kvz_kv *kv, size_t floats)
+{
+    if (floats > kv->scratch_cap) {
+        float *p = realloc(kv->scratch, floats * sizeof(float));
+        if (!p) return NULL;
+        kv->scratch = p;
+        kv->scratch_cap = floats;
+    }
+    return kv->scratch;
+}
+
+/* Number of leading rows with pos <= qpos (positions ascend within a segment). */
+static int64_t visible(const int32_t *pos, int64_t len, int32_t qpos)
+{
+    int64_t lo = 0, hi = len;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (pos[mid] <= qpos) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/*
+ * Attention of n queries q (n, n_head, hd) at positions pos0.. over layer l's
+ * cache (document segments + output buffer), output att (n, n_head*hd).
+ * When the output buffer is full after this pass, the LongFlow victim for the
+ * next write is chosen from the last query's probabilities.
+ */
+static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t pos0,
+                     float *att, float *work, size_t work_floats)
+{
+    const kvz_config *c = &kv->m->cfg;
+    const int hd = c->head_dim, nkv = c->n_kv_head, grp = c->n_head / c->n_kv_head;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int32_t B = kv->out_slots, used = B ? kv->out_used[l] : 0;
+    const int full_after = B && used == B;
+    /* the last B floats of work hold the LongFlow contribution of each slot */
+    float *lf_score = full_after ? work + work_floats - B : NULL;
+    const size_t usable = work_floats - (size_t)B;
+    if (lf_score) memset(lf_score, 0, sizeof(float) * (size_t)B);
+    for (int h = 0; h < nkv; h++) {
+        const size_t seg = (size_t)l * nkv + (size_t)h;
+        const float *K = kv->k + seg * (size_t)kv->cap * hd, *V = kv->v + seg * (size_t)kv->cap * hd;
+        const int32_t *P = kv->pos + seg * (size_t)kv->cap;
+        const int64_t len = kv->len[seg];
+        const float *OK = B ? kv->ok + ((size_t)l * B * nkv + (size_t)h) * hd : NULL;
+        const float *OV = B ? kv->ov + ((size_t)l * B * nkv + (size_t)h) * hd : NULL;
+        const int32_t *OP = B ? kv->opos + (size_t)l * B : NULL;
+        const int ostride = nkv * hd;
+        /* queries per block so that the score block fits the budget */
+        const int64_t width = len + used;
+        int64_t qb = (int64_t)(usable / ((size_t)grp * (size_t)(width + 2 * hd)));
+        if (qb < 1) return kvz_error_set(KVZ_ERR_NOMEM, "attention work buffer too small");
+        if (qb > n) qb = n;
+        float *Qb = work;                              /* (qb*grp, hd) */
+        float *Ob = Qb + (size_t)qb * grp * hd;        /* (qb*grp, hd) */
+        float *S = Ob + (size_t)qb * grp * hd;         /* (qb*grp, Lb + used) */
+        for (int32_t i0 = 0; i0 < n; i0 += (int32_t)qb) {
+            const int32_t nq = (int32_t)((n - i0) < qb ? (n - i0) : qb), R = nq * grp;
+            const int64_t Lb = visible(P, len, pos0 + i0 + nq - 1);
+            const int64_t W = Lb + used;
+            for (int32_t i = 0; i < nq; i++)
+                memcpy(Qb + (size_t)i * grp * hd, q + ((size_t)(i0 + i) * c->n_head + (size_t)h * grp) * hd,
+                       sizeof(float) * (size_t)grp * hd);
+            if (Lb > 0)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, (int)Lb, hd, scale, Qb, hd,
+                            K, hd, 0.0f, S, (int)W);
+            if (used > 0)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, used, hd, scale, Qb, hd,
+                            OK, ostride, 0.0f, S + Lb, (int)W);
+            for (int32_t i = 0; i < nq; i++) {
+                const int32_t qpos = pos0 + i0 + i;
+                const int64_t vis = i == nq - 1 ? Lb : visible(P, Lb, qpos);
+                for (int g = 0; g < grp; g++) {
+                    float *row = S + ((size_t)i * grp + g) * (size_t)W;
+                    float mx = -INFINITY;
+                    for (int64_t j = vis; j < Lb; j++) row[j] = -INFINITY;
+                    for (int32_t j = 0; j < used; j++)
+                        if (OP[j] < 0 || OP[j] > qpos) row[Lb + j] = -INFINITY;
+                    for (int64_t j = 0; j < W; j++) mx = row[j] > mx ? row[j] : mx;
+                    float sum = 0.0f;
+                    for (int64_t j = 0; j < W; j++) {
+                        const float e = row[j] == -INFINITY ? 0.0f : expf(row[j] - mx);
+                        row[j] = e;
+                        sum += e;
+                    }
+                    const float inv = 1.0f / sum;
+                    for (int64_t j = 0; j < W; j++) row[j] *= inv;
+                }
+            }
+            if (Lb > 0)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, hd, (int)Lb, 1.0f, S, (int)W,
+                            V, hd, 0.0f, Ob, hd);
+            else
+                memset(Ob, 0, sizeof(float) * (size_t)R * hd);
+            if (used > 0)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, hd, used, 1.0f, S + Lb, (int)W,
+                            OV, ostride, 1.0f, Ob, hd);
+            for (int32_t i = 0; i < nq; i++)
+                memcpy(att + ((size_t)(i0 + i) * c->n_head + (size_t)h * grp) * hd, Ob + (size_t)i * grp * hd,
+                       sizeof(float) * (size_t)grp * hd);
+            if (full_after && i0 + nq == n) {
+                /* LongFlow: S_j += sum over this group's heads of p_j * |v_j|_1 (last query) */
+                for (int32_t j = 0; j < used; j++) {
+                    const float *vj = OV + (size_t)j * ostride;
+                    float l1 = 0.0f;
+                    for (int d = 0; d < hd; d++) l1 += fabsf(vj[d]);
+                    float p = 0.0f;
+                    for (int g = 0; g < grp; g++) p += S[((size_t)(nq - 1) * grp + g) * W + Lb + j];
+                    lf_score[j] += p * l1;
+                }
+            }
+        }
+    }
+    if (full_after) {
+        int32_t best = -1;
+        float bv = INFINITY;
+        for (int32_t j = kv->n_sink; j < B; j++) {
+            if (j == kv->newest[l]) continue;
+            if (lf_score[j] < bv) { bv = lf_score[j]; best = j; }
+        }
+        kv->victim[l] = best >= 0 ? best : B - 1;
+    }
+    return 0;
+}
+
+static void append_kv(kvz_kv *kv, int32_t l, const float *k, const float *v, int32_t n,
+                      int32_t pos0)
+{
+    const int hd = kv->head_dim, nkv = kv->n_kv_head;
+    if (kv->out_slots == 0) {
+        for (int h = 0; h < nkv; h++) {
+            const size_t seg = (size_t)l * nkv + (size_t)h;
+            const size_t row0 = seg * (size_t)kv->cap + (size_t)kv->len[seg];
+            for (int32_t i = 0; i < n; i++) {
+                memcpy(kv->k + (row0 + i) * hd, k + ((size_t)i * nkv + h) * hd, sizeof(float) * hd);
+                memcpy(kv->v + (row0 + i) * hd, v + ((size_t)i * nkv + h) * hd, sizeof(float) * hd);
+                kv->pos[row0 + i] = pos0 + i;
+            }
+            kv->len[seg] += n;
+        }
+        return;
+    }
+    const int32_t B = kv->out_slots;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t slot;
+        if (kv->out_used[l] < B) {
+            slot = kv->out_used[l]++;
+        } else {
+            slot = kv->victim[l];
+            kv->evictions++;
+        }
+        const size_t base = ((size_t)l * B + (size_t)slot) * nkv * hd;
+        memcpy(kv->ok + base, k + (size_t)i * nkv * hd, sizeof(float) * nkv * hd);
+        memcpy(kv->ov + base, v + (size_t)i * nkv * hd, sizeof(float) * nkv * hd);
+        kv->opos[(size_t)l * B + slot] = pos0 + i;
+        kv->newest[l] = slot;
+    }
+}
+
+static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n,
+                         int32_t pos0, float *logits, int want_logits, const kvz_layer_hook *hook)
+{
+    const kvz_config *c = &m->cfg;
+    const int d = c->n_embd, hd = c->head_dim, qd = c->n_head * hd, kvd = c->n_kv_head * hd,
+              ff = c->n_ff, nqkv = qd + 2 * kvd;
+    /* capacity checks before touching any layer */
+    if (kv->out_slots == 0) {
+        for (size_t i = 0; i < (size_t)c->n_layer * c->n_kv_head; i++)
+            if (kv->len[i] + n > kv->cap)
+                return kvz_error_set(KVZ_ERR_CONTEXT, "KV cache full: %lld + %d rows exceed "
+                                     "capacity %lld", (long long)kv->len[i], n, (long long)kv->cap);
+    } else if (n > 1 && kv->out_used[0] + n > kv->out_slots) {
+        return kvz_error_set(KVZ_ERR_CONTEXT, "%d tokens do not fit the output buffer (%d of %d "
+                             "slots used); a multi-token pass must fit in the free slots",
+                             n, kv->out_used[0], kv->out_slots);
+    }
+    int64_t max_keys = 0;
+    for (size_t i = 0; i < (size_t)c->n_layer * c->n_kv_head; i++)
+        max_keys = kv->len[i] > max_keys ? kv->len[i] : max_keys;
+    max_keys += n + kv->out_slots;
+    const size_t act = (size_t)n * ((size_t)2 * d + 2 * (size_t)nqkv + qd + 3 * (size_t)ff);
+    size_t attn_work = (size_t)KVZ_ATTN_BLOCK_FLOATS;
+    const size_t min_work = (size_t)(c->n_head / c->n_kv_head) * ((size_t)max_keys + 2 * hd + 2) * 2 +
+                            (size_t)kv->out_slots + 64;
+    if (attn_work < min_work) attn_work = min_work;
+    float *buf = scratch(kv, act + attn_work);
+    if (!buf) return kvz_error_set(KVZ_ERR_NOMEM, "forward: cannot allocate work memory");
+    float *x = buf;                               /* (n, d) residual stream */
+    float *xn = x + (size_t)n * d;                /* (n, d) normed */
+    float *qkv = xn + (size_t)n * d;              /* (n, nqkv) */
+    float *att = qkv + (size_t)n * nqkv;          /* (n, qd) */
+    float *gu = att + (size_t)n * qd;             /* (n, 2ff) */
+    float *hb = gu + (size_t)n * 2 * ff;          /* (n, ff) */
+    float *qb = hb + (size_t)n * ff;              /* (n, qd) post-RoPE queries */
+    float *kb = qb + (size_t)n * qd;              /* (n, kvd) post-RoPE keys */
+    float *vb = kb + (size_t)n * kvd;             /* (n, kvd) values */
+    float *work = vb + (size_t)n * kvd;           /* attention scratch */
+
+    for (int32_t i = 0; i < n; i++)
+        memcpy(x + (size_t)i * d, m->tok_embd + (size_t)tokens[i] * d, sizeof(float) * d);
+
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        const kvz_layer_w *L = &m->layers[l];
+        rmsnorm(xn, x, L->attn_norm, n, d, c->norm_eps);
+        matmul(xn, L->wqkv, qkv, n, d, nqkv, 0.0f);
+        /* split (n, [q|k|v]) into contiguous q (n, qd), k (n, kvd), v (n, kvd) */
+        for (int32_t i = 0; i < n; i++) {
+            const float *r = qkv + (size_t)i * nqkv;
+            float *qi = qb + (size_t)i * qd, *ki = kb + (size_t)i * kvd, *vi = vb + (size_t)i * kvd;
+            memcpy(qi, r, sizeof(float) * qd);
+            memcpy(ki, r + qd, sizeof(float) * kvd);
+            memcpy(vi, r + qd + kvd, sizeof(float) * kvd);
+            if (L->bqkv) {
+                for (int j = 0; j < qd; j++) qi[j] += L->bqkv[j];
+                for (int j = 0; j < kvd; j++) ki[j] += L->bqkv[qd + j];
+                for (int j = 0; j < kvd; j++) vi[j] += L->bqkv[qd + kvd + j];
+            }
+            if (L->q_norm) {
+                rmsnorm(qi, qi, L->q_norm, c->n_head, hd, c->norm_eps);
+                rmsnorm(ki, ki, L->k_norm, c->n_kv_head, hd, c->norm_eps);
+            }
+            rope(qi, c->n_head, hd, pos0 + i, m->rope_inv_freq, c->rope_adjacent);
+            rope(ki, c->n_kv_head, hd, pos0 + i, m->rope_inv_freq, c->rope_adjacent);
+        }
+        const int64_t row0 = kv->len[(size_t)l * c->n_kv_head];
+        append_kv(kv, l, kb, vb, n, pos0);
+        if (hook && hook->fn) {
+            int rc = hook->fn(hook->ctx, l, qb, kb, n, row0, kv);
+            if (rc) return rc;
+        }
+        int rc = attention(kv, l, qb, n, pos0, att, work, attn_work);
+        if (rc) return rc;
+        matmul(att, L->wo, x, n, qd, d, 1.0f);
+        rmsnorm(xn, x, L->ffn_norm, n, d, c->norm_eps);
+        matmul(xn, L->wgu, gu, n, d, 2 * ff, 0.0f);
+        for (int32_t i = 0; i < n; i++) {
+            const float *g = gu + (size_t)i * 2 * ff, *u = g + ff;
+            float *h = hb + (size_t)i * ff;
+            for (int j = 0; j < ff; j++) h[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+        }
+        matmul(hb, L->wdown, x, n, ff, d, 1.0f);
+    }
+    if (want_logits == KVZ_FWD_NO_LOGITS || !logits) return 0;
+    const int32_t first = want_logits == KVZ_FWD_LOGITS_ALL ? 0 : n - 1;
+    const int32_t rows = n - first;
+    rmsnorm(xn, x + (size_t)first * d, m->out_norm, rows, d, c->norm_eps);
+    matmul(xn, m->output, logits, rows, d, c->n_vocab, 0.0f);
+    return 0;
+}
+
+int kvz_cpu_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
+                    float *logits, int flags, const kvz_layer_hook *hook)
+{
+    static int threads_set;
+    if (!threads_set) {
+        openblas_set_num_threads(m->n_threads);
+        threads_set = 1;
+    }
+    const int want = flags & 3;
+    const int discard = (flags & KVZ_FWD_DISCARD) != 0;
+    if (discard && kv->out_slots)
+        return kvz_error_set(KVZ_ERR_ARG, "forward: DISCARD needs a cache without output buffer");
+    const size_t nlh = (size_t)m->cfg.n_layer * m->cfg.n_kv_head;
+    int64_t *saved = NULL;
+    if (discard) {
+        if (!(saved = malloc(nlh * sizeof *saved))) return KVZ_ERR_NOMEM;
+        memcpy(saved, kv->len, nlh * sizeof *saved);
+    }
+    int rc = 0;
+    for (int32_t s = 0; s < n && !rc; s += KVZ_CPU_MAX_BATCH) {
+        const int32_t nb = n - s < KVZ_CPU_MAX_BATCH ? n - s : KVZ_CPU_MAX_BATCH;
+        const int last = s + nb == n;
+        float *lg = NULL;
+        int w = KVZ_FWD_NO_LOGITS;
+        if (logits && want == KVZ_FWD_LOGITS_ALL) {
+            lg = logits + (size_t)s * m->cfg.n_vocab;
+            w = KVZ_FWD_LOGITS_ALL;
+        } else if (logits && want == KVZ_FWD_LOGITS_LAST && last) {
+            lg = logits;
+            w = KVZ_FWD_LOGITS_LAST;
+        }
+        rc = forward_batch(m, kv, tokens + s, nb, pos0 + s, lg, w, hook);
+    }
+    if (discard) {
+        memcpy(kv->len, saved, nlh * sizeof *saved);
+        free(saved);
+    }
+    return rc;
+}

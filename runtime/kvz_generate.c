@@ -1,0 +1,141 @@
+#include "kvz_generate.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kvz_error.h"
+
+double kvz_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int encode_special(const kvz_tokenizer *tok, const char *s, kvz_tokens *out)
+{
+    return kvz_tokenizer_encode(tok, s, strlen(s), KVZ_TOK_SPECIAL, out);
+}
+
+int kvz_chat_prefix(const kvz_tokenizer *tok, kvz_tokens *out)
+{
+    return encode_special(tok, "<|im_start|>system\n" KVZ_SYSTEM_TEXT "<|im_end|>\n<|im_start|>user\n"
+                          KVZ_INSTRUCTION "\n\n", out);
+}
+
+int kvz_chat_postfix(const kvz_tokenizer *tok, kvz_tokens *out)
+{
+    return encode_special(tok, "<|im_end|>\n<|im_start|>assistant\n", out);
+}
+
+int kvz_chat_question(const kvz_tokenizer *tok, const char *question, kvz_tokens *out)
+{
+    int rc = encode_special(tok, "\n\nQuestion: ", out);
+    /* the user's text is data: special-token strings in it are not parsed */
+    if (!rc) rc = kvz_tokenizer_encode(tok, question, strlen(question), 0, out);
+    if (!rc) rc = kvz_chat_postfix(tok, out);
+    return rc;
+}
+
+int kvz_chat_is_stop(const kvz_tokenizer *tok, int32_t id)
+{
+    static const char *stops[] = {"<|im_end|>", "<|endoftext|>"};
+    if (id == kvz_tokenizer_eos(tok)) return 1;
+    for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++)
+        if (id == kvz_tokenizer_find(tok, stops[i])) return 1;
+    return 0;
+}
+
+void kvz_sampler_init(kvz_sampler *s, float temperature, float top_p, uint64_t seed)
+{
+    s->temperature = temperature;
+    s->top_p = top_p > 0.0f && top_p <= 1.0f ? top_p : 1.0f;
+    s->state = seed ? seed : 0x853c49e6748fea9bULL;
+}
+
+static uint64_t rng_next(uint64_t *st)
+{
+    uint64_t z = (*st += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    const float *x = a, *y = b; /* pairs (prob, id) */
+    if (x[0] != y[0]) return x[0] < y[0] ? 1 : -1;
+    return x[1] < y[1] ? -1 : x[1] > y[1];
+}
+
+int32_t kvz_sample(kvz_sampler *s, const float *logits, int32_t n, float *work)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (s->temperature <= 0.0f || !work) return best;
+    const float mx = logits[best];
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        float p = expf((logits[i] - mx) / s->temperature);
+        work[2 * i] = p;
+        work[2 * i + 1] = (float)i;
+        sum += p;
+    }
+    const double u = (double)(rng_next(&s->state) >> 11) * (1.0 / 9007199254740992.0);
+    if (s->top_p >= 1.0f) {
+        double acc = 0.0, target = u * sum;
+        for (int32_t i = 0; i < n; i++) {
+            acc += work[2 * i];
+            if (acc >= target) return i;
+        }
+        return n - 1;
+    }
+    qsort(work, (size_t)n, 2 * sizeof(float), cmp_desc);
+    double acc = 0.0;
+    int32_t k = 0;
+    while (k < n && acc < s->top_p * sum) acc += work[2 * k++];
+    double target = u * acc, run = 0.0;
+    for (int32_t i = 0; i < k; i++) {
+        run += work[2 * i];
+        if (run >= target) return (int32_t)work[2 * i + 1];
+    }
+    return (int32_t)work[2 * (k - 1) + 1];
+}
+
+int kvz_generate(kvz_model *m, kvz_kv *kv, const int32_t *prompt, int32_t n_prompt,
+                 int32_t pos0, const kvz_gen_opts *opts, kvz_tokens *out, float *logits_out,
+                 kvz_gen_stats *stats)
+{
+    const kvz_config *c = kvz_model_config(m);
+    const kvz_tokenizer *tok = kvz_model_tokenizer(m);
+    kvz_gen_stats st = {.n_prompt = n_prompt};
+    float *logits = malloc(sizeof(float) * (size_t)c->n_vocab * 3);
+    if (!logits) return KVZ_ERR_NOMEM;
+    float *work = logits + c->n_vocab;
+    kvz_sampler smp = opts->sampler;
+    double t0 = kvz_now();
+    int rc = kvz_forward(m, kv, prompt, n_prompt, pos0, logits, KVZ_FWD_LOGITS_LAST, NULL);
+    st.prefill_s = kvz_now() - t0;
+    int32_t pos = pos0 + n_prompt;
+    double t1 = kvz_now();
+    for (int32_t step = 0; !rc && step < opts->max_tokens; step++) {
+        if (logits_out) memcpy(logits_out + (size_t)step * c->n_vocab, logits, sizeof(float) * c->n_vocab);
+        int32_t id = kvz_sample(&smp, logits, c->n_vocab, work);
+        if (opts->stop_on_eos && tok && kvz_chat_is_stop(tok, id)) {
+            st.stopped = 1;
+            break;
+        }
+        st.n_gen++;
+        if (out && (rc = kvz_tokens_push(out, id))) break;
+        if (opts->on_token && (rc = opts->on_token(opts->ctx, id))) break;
+        if (step + 1 == opts->max_tokens) break;
+        rc = kvz_forward(m, kv, &id, 1, pos++, logits, KVZ_FWD_LOGITS_LAST, NULL);
+    }
+    st.decode_s = kvz_now() - t1;
+    free(logits);
+    if (stats) *stats = st;
+    return rc;
+}

@@ -1,0 +1,177 @@
+/* The KV cache: document segments per (layer, KV head) + LongFlow output buffer. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvz_error.h"
+#include "kvz_model_impl.h"
+
+int kvz_kv_create(const kvz_model *m, int64_t cap, int32_t out_slots, kvz_kv **out)
+{
+    *out = NULL;
+    if (cap < 0 || out_slots < 0) return kvz_error_set(KVZ_ERR_ARG, "kv: negative capacity");
+    const kvz_config *c = &m->cfg;
+    kvz_kv *kv = calloc(1, sizeof *kv);
+    if (!kv) return KVZ_ERR_NOMEM;
+    kv->m = m;
+    kv->n_layer = c->n_layer;
+    kv->n_kv_head = c->n_kv_head;
+    kv->head_dim = c->head_dim;
+    kv->cap = cap;
+    kv->out_slots = out_slots;
+    kv->n_sink = 4;
+    const size_t nlh = (size_t)c->n_layer * (size_t)c->n_kv_head;
+    kv->len = calloc(nlh, sizeof *kv->len);
+    kv->out_used = calloc((size_t)c->n_layer, sizeof(int32_t));
+    kv->victim = calloc((size_t)c->n_layer, sizeof(int32_t));
+    kv->newest = calloc((size_t)c->n_layer, sizeof(int32_t));
+    if (!kv->len || !kv->out_used || !kv->victim || !kv->newest) goto nomem;
+#ifdef KVZ_HAVE_CUDA
+    if (m->device == KVZ_DEVICE_CUDA) {
+        int rc = kvz_cuda_kv_init(kv);
+        if (rc) { kvz_kv_free(kv); return rc; }
+        *out = kv;
+        return 0;
+    }
+#endif
+    {
+        const size_t rows = nlh * (size_t)cap, hd = (size_t)c->head_dim;
+        if (cap > 0) {
+            kv->k = malloc(rows * hd * sizeof(float));
+            kv->v = malloc(rows * hd * sizeof(float));
+            kv->pos = malloc(rows * sizeof(int32_t));
+            if (!kv->k || !kv->v || !kv->pos) goto nomem;
+        }
+        if (out_slots > 0) {
+            const size_t orows = (size_t)c->n_layer * (size_t)out_slots;
+            kv->ok = malloc(orows * (size_t)c->n_kv_head * hd * sizeof(float));
+            kv->ov = malloc(orows * (size_t)c->n_kv_head * hd * sizeof(float));
+            kv->opos = malloc(orows * sizeof(int32_t));
+            if (!kv->ok || !kv->ov || !kv->opos) goto nomem;
+        }
+    }
+    kvz_kv_clear(kv);
+    *out = kv;
+    return 0;
+nomem:
+    kvz_kv_free(kv);
+    return kvz_error_set(KVZ_ERR_NOMEM, "cannot allocate the KV cache (%lld rows per head)",
+                         (long long)cap);
+}
+
+void kvz_kv_free(kvz_kv *kv)
+{
+    if (!kv) return;
+#ifdef KVZ_HAVE_CUDA
+    if (kv->cuda) kvz_cuda_kv_free(kv);
+#endif
+    free(kv->len); free(kv->k); free(kv->v); free(kv->pos);
+    free(kv->ok); free(kv->ov); free(kv->opos);
+    free(kv->out_used); free(kv->victim); free(kv->newest);
+    free(kv->scratch);
+    free(kv);
+}
+
+void kvz_kv_clear(kvz_kv *kv)
+{
+    memset(kv->len, 0, sizeof *kv->len * (size_t)kv->n_layer * (size_t)kv->n_kv_head);
+    memset(kv->out_used, 0, sizeof(int32_t) * (size_t)kv->n_layer);
+    memset(kv->victim, 0, sizeof(int32_t) * (size_t)kv->n_layer);
+    memset(kv->newest, 0, sizeof(int32_t) * (size_t)kv->n_layer);
+    kv->evictions = 0;
+    if (kv->opos)
+        for (size_t i = 0; i < (size_t)kv->n_layer * (size_t)kv->out_slots; i++) kv->opos[i] = -1;
+}
+
+int64_t kvz_kv_len(const kvz_kv *kv, int32_t layer, int32_t head)
+{
+    return kv->len[(size_t)layer * kv->n_kv_head + head];
+}
+
+int64_t kvz_kv_cap(const kvz_kv *kv) { return kv->cap; }
+
+void kvz_kv_truncate(kvz_kv *kv, int64_t n)
+{
+    for (size_t i = 0; i < (size_t)kv->n_layer * (size_t)kv->n_kv_head; i++)
+        if (kv->len[i] > n) kv->len[i] = n;
+}
+
+void kvz_kv_set_sinks(kvz_kv *kv, int32_t n_sink) { kv->n_sink = n_sink < 0 ? 0 : n_sink; }
+
+int kvz_kv_view(const kvz_kv *kv, int32_t layer, int32_t head, const float **k,
+                const float **v, const int32_t **pos, int64_t *len)
+{
+    if (!kv->k && kv->cap > 0) return KVZ_ERR_UNSUPPORTED;
+    const size_t seg = (size_t)layer * kv->n_kv_head + (size_t)head;
+    const size_t row0 = seg * (size_t)kv->cap;
+    if (k) *k = kv->k + row0 * (size_t)kv->head_dim;
+    if (v) *v = kv->v + row0 * (size_t)kv->head_dim;
+    if (pos) *pos = kv->pos + row0;
+    if (len) *len = kv->len[seg];
+    return 0;
+}
+
+int kvz_kv_set_layer(kvz_kv *kv, int32_t layer, const uint32_t *counts, const int32_t *pos,
+                     const float *k, const float *v)
+{
+    const size_t hd = (size_t)kv->head_dim;
+    for (int32_t h = 0; h < kv->n_kv_head; h++)
+        if ((int64_t)counts[h] > kv->cap)
+            return kvz_error_set(KVZ_ERR_CONTEXT, "layer %d head %d: %u rows exceed the cache "
+                                 "capacity %lld", layer, h, counts[h], (long long)kv->cap);
+#ifdef KVZ_HAVE_CUDA
+    if (kv->cuda) {
+        extern int kvz_cuda_kv_set_layer(kvz_kv *, int32_t, const uint32_t *, const int32_t *,
+                                         const float *, const float *);
+        return kvz_cuda_kv_set_layer(kv, layer, counts, pos, k, v);
+    }
+#endif
+    size_t off = 0;
+    for (int32_t h = 0; h < kv->n_kv_head; h++) {
+        const size_t seg = (size_t)layer * kv->n_kv_head + (size_t)h, c = counts[h];
+        const size_t row0 = seg * (size_t)kv->cap;
+        memcpy(kv->k + row0 * hd, k + off * hd, c * hd * sizeof(float));
+        memcpy(kv->v + row0 * hd, v + off * hd, c * hd * sizeof(float));
+        memcpy(kv->pos + row0, pos + off, c * sizeof(int32_t));
+        kv->len[seg] = (int64_t)c;
+        off += c;
+    }
+    return 0;
+}
+
+int kvz_kv_get_head(const kvz_kv *kv, int32_t layer, int32_t head, float *k, float *v,
+                    int32_t *pos)
+{
+#ifdef KVZ_HAVE_CUDA
+    if (kv->cuda) {
+        extern int kvz_cuda_kv_get_head(const kvz_kv *, int32_t, int32_t, float *, float *,
+                                        int32_t *);
+        return kvz_cuda_kv_get_head(kv, layer, head, k, v, pos);
+    }
+#endif
+    const float *pk = NULL, *pv = NULL;
+    const int32_t *pp = NULL;
+    int64_t n = 0;
+    int rc = kvz_kv_view(kv, layer, head, &pk, &pv, &pp, &n);
+    if (rc) return rc;
+    if (k) memcpy(k, pk, (size_t)n * (size_t)kv->head_dim * sizeof(float));
+    if (v) memcpy(v, pv, (size_t)n * (size_t)kv->head_dim * sizeof(float));
+    if (pos) memcpy(pos, pp, (size_t)n * sizeof(int32_t));
+    return 0;
+}
+
+void kvz_kv_get_stats(const kvz_kv *kv, kvz_kv_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    st->out_slots = kv->out_slots;
+    for (int32_t l = 0; l < kv->n_layer; l++) {
+        if (kv->out_used[l] > st->out_used) st->out_used = kv->out_used[l];
+        for (int32_t h = 0; h < kv->n_kv_head; h++) st->doc_rows += kv->len[(size_t)l * kv->n_kv_head + h];
+    }
+    st->evictions = kv->n_layer ? kv->evictions / kv->n_layer : 0;
+    const uint64_t elt = kv->cuda ? 2 : 4, row = 2 * (uint64_t)kv->head_dim * elt;
+    int64_t out_rows = 0;
+    for (int32_t l = 0; l < kv->n_layer; l++) out_rows += (int64_t)kv->out_used[l] * kv->n_kv_head;
+    st->bytes_held = row * (uint64_t)(st->doc_rows + out_rows);
+    st->bytes_alloc = row * ((uint64_t)kv->cap * (uint64_t)kv->n_layer * (uint64_t)kv->n_kv_head +
+                             (uint64_t)kv->out_slots * (uint64_t)kv->n_layer * (uint64_t)kv->n_kv_head);
+}

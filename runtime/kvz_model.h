@@ -1,0 +1,190 @@
+/**
+ * @file kvz_model.h
+ * @brief Decoder-only transformer (llama / qwen2 / qwen3) with a KV cache whose
+ *        per-(layer, KV head) segments may have different lengths.
+ *
+ * A model is loaded from a GGUF file (weights dequantized at load: fp32 on the
+ * CPU backend, bf16 on the CUDA backend) or built from a synthetic spec with
+ * deterministic random weights. A kvz_kv holds the keys (post-RoPE) and values
+ * of one sequence:
+ *
+ *   - the document region: per (layer, KV head) a segment of up to @c cap rows,
+ *     each with its original position. A full cache has equal lengths; a KVzip
+ *     compressed cache has different lengths per head.
+ *   - an optional output buffer of B slots per layer (LongFlow, DESIGN §5): new
+ *     tokens go there instead of the document region; when full, each step
+ *     overwrites the slot chosen during the previous step's attention.
+ *
+ * Attention is causal by position: a key is visible to a query iff key_pos <= query_pos.
+ *
+ * Thread-safety: a kvz_model is read-only after load and may be shared; a
+ * kvz_kv must be used by one thread at a time. kvz_forward() uses the model's
+ * thread count internally.
+ */
+#ifndef KVZ_MODEL_H
+#define KVZ_MODEL_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#include "kvz_tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { KVZ_ARCH_LLAMA = 0, KVZ_ARCH_QWEN2 = 1, KVZ_ARCH_QWEN3 = 2 };
+enum { KVZ_DEVICE_CPU = 0, KVZ_DEVICE_CUDA = 1, KVZ_DEVICE_AUTO = 2 };
+
+/** Hyperparameters, all read from GGUF metadata (or the synthetic spec). */
+typedef struct kvz_config {
+    uint32_t arch;        /**< KVZ_ARCH_* */
+    int32_t n_layer;
+    int32_t n_embd;       /**< hidden size */
+    int32_t n_head;       /**< query heads */
+    int32_t n_kv_head;    /**< key/value heads (GQA) */
+    int32_t head_dim;
+    int32_t n_ff;         /**< FFN inner size */
+    int32_t n_vocab;
+    int32_t n_ctx;        /**< trained context length */
+    float rope_theta;
+    float norm_eps;       /**< RMSNorm epsilon */
+    int32_t rope_adjacent;/**< 1: rotate (x[2j], x[2j+1]) (llama GGUF); 0: (x[j], x[j+d/2]) */
+    int32_t tied_embd;    /**< output projection is token_embd */
+    int32_t qkv_bias;     /**< qwen2 */
+    int32_t qk_norm;      /**< qwen3 per-head q/k RMSNorm */
+    char name[64];        /**< general.name or the synthetic spec */
+} kvz_config;
+
+typedef struct kvz_model_opts {
+    int32_t device;       /**< KVZ_DEVICE_* (AUTO: CUDA when a GPU is usable) */
+    int32_t n_threads;    /**< CPU threads; 0 = all cores */
+    uint64_t seed;        /**< synthetic weights seed (0 = default) */
+} kvz_model_opts;
+
+typedef struct kvz_model kvz_model;
+
+/**
+ * Load a GGUF model. @p opts may be NULL (defaults).
+ * @return 0; any kvz_gguf_open error; KVZ_ERR_UNSUPPORTED (architecture or a
+ *   tensor type); KVZ_ERR_NOTFOUND (a required tensor or key is missing, named in
+ *   the detail); KVZ_ERR_FORMAT (tensor shapes disagree with the config);
+ *   KVZ_ERR_NODEV (device CUDA requested, none usable); KVZ_ERR_NOMEM.
+ */
+int kvz_model_load(const char *path, const kvz_model_opts *opts, kvz_model **out);
+
+/**
+ * Build a random-weight model of a named shape: "smollm2-135m", "llama3-8b",
+ * "qwen2.5-7b", and small test shapes "tiny-llama", "tiny-qwen2", "tiny-qwen3".
+ * Weights are drawn by a counter-based generator and rounded to bf16, so every
+ * backend sees identical values. No tokenizer (kvz_model_tokenizer returns NULL).
+ * @return 0, KVZ_ERR_NOTFOUND (unknown name), KVZ_ERR_NOMEM, KVZ_ERR_NODEV.
+ */
+int kvz_model_synthetic(const char *name, const kvz_model_opts *opts, kvz_model **out);
+
+void kvz_model_free(kvz_model *m);
+
+const kvz_config *kvz_model_config(const kvz_model *m);
+/** The model's tokenizer (owned by the model), or NULL for synthetic models. */
+const kvz_tokenizer *kvz_model_tokenizer(const kvz_model *m);
+/** 16-byte fingerprint: XXH3-128 of the GGUF (see kvz_gguf_fingerprint) or of the synthetic spec+seed. */
+void kvz_model_fingerprint(const kvz_model *m, uint8_t out[16]);
+/** KVZ_DEVICE_CPU or KVZ_DEVICE_CUDA. */
+int32_t kvz_model_device(const kvz_model *m);
+/** Bytes of weights as held by the backend. */
+uint64_t kvz_model_weight_bytes(const kvz_model *m);
+
+/* ------------------------------------------------------------------------ */
+/* KV cache                                                                  */
+
+typedef struct kvz_kv kvz_kv;
+
+/**
+ * Create a cache for @p m with room for @p cap document rows per (layer, KV head)
+ * and @p out_slots LongFlow output slots per layer (0: no output buffer, new
+ * tokens go to the document region).
+ * @return 0, KVZ_ERR_NOMEM, KVZ_ERR_ARG.
+ */
+int kvz_kv_create(const kvz_model *m, int64_t cap, int32_t out_slots, kvz_kv **out);
+void kvz_kv_free(kvz_kv *kv);
+
+/** Drop every row (document and output); capacity is kept. */
+void kvz_kv_clear(kvz_kv *kv);
+/** Rows in the document segment of (layer, head). */
+int64_t kvz_kv_len(const kvz_kv *kv, int32_t layer, int32_t head);
+/** Document capacity per head. */
+int64_t kvz_kv_cap(const kvz_kv *kv);
+/** Truncate every document segment to its first @p n rows (rows with index >= n dropped). */
+void kvz_kv_truncate(kvz_kv *kv, int64_t n);
+
+/**
+ * Host view of the document segment of (layer, head). CPU backend only: the
+ * pointers alias the cache and stay valid until it is modified or freed.
+ * k, v: (len, head_dim) fp32; pos: (len) int32.
+ * @return 0, KVZ_ERR_UNSUPPORTED on a device cache.
+ */
+int kvz_kv_view(const kvz_kv *kv, int32_t layer, int32_t head, const float **k,
+                const float **v, const int32_t **pos, int64_t *len);
+
+/**
+ * Replace the document region with compressed segments (after kvz_kv_clear).
+ * For layer @p layer: counts (n_kv_head), pos (sum counts) int32, k/v
+ * (sum counts, head_dim) fp32, head-major (head 0's rows first).
+ * @return 0, KVZ_ERR_CONTEXT (a count exceeds the capacity), KVZ_ERR_CUDA.
+ */
+int kvz_kv_set_layer(kvz_kv *kv, int32_t layer, const uint32_t *counts, const int32_t *pos,
+                     const float *k, const float *v);
+
+/** Copy the document segment of (layer, head) to host fp32 (any backend). */
+int kvz_kv_get_head(const kvz_kv *kv, int32_t layer, int32_t head, float *k, float *v,
+                    int32_t *pos);
+
+/** LongFlow statistics of the output buffer. */
+typedef struct kvz_kv_stats {
+    int64_t out_slots;      /**< B */
+    int64_t out_used;       /**< slots holding a token (max over layers) */
+    int64_t evictions;      /**< overwrites so far (per layer, summed over layers / n_layer) */
+    int64_t doc_rows;       /**< rows in the document region, summed over layers and heads */
+    uint64_t bytes_held;    /**< bytes of K/V in live rows (doc + out) */
+    uint64_t bytes_alloc;   /**< bytes of K/V allocated */
+} kvz_kv_stats;
+void kvz_kv_get_stats(const kvz_kv *kv, kvz_kv_stats *st);
+/** Number of protected leading output slots (sinks), default 4. */
+void kvz_kv_set_sinks(kvz_kv *kv, int32_t n_sink);
+
+/* ------------------------------------------------------------------------ */
+/* Forward                                                                   */
+
+/**
+ * Per-layer observer, called after RoPE and after the new keys were appended,
+ * before attention. CPU backend: pointers are host fp32.
+ * q: (n, n_head, head_dim); k_new: (n, n_kv_head, head_dim) (the new tokens' keys,
+ * also present in the cache at indices [row0, row0+n) of each head when appended).
+ */
+typedef struct kvz_layer_hook {
+    int (*fn)(void *ctx, int32_t layer, const float *q, const float *k_new, int32_t n,
+              int64_t row0, const kvz_kv *kv);
+    void *ctx;
+} kvz_layer_hook;
+
+enum {
+    KVZ_FWD_LOGITS_LAST = 0,  /**< logits of the last token only: (1, n_vocab) */
+    KVZ_FWD_LOGITS_ALL = 1,   /**< logits of every token: (n, n_vocab) */
+    KVZ_FWD_NO_LOGITS = 2,    /**< no logits (prefill) */
+    KVZ_FWD_DISCARD = 4,      /**< drop the new tokens' KV after the pass (doc region only) */
+};
+
+/**
+ * Run @p n tokens at positions pos0..pos0+n-1 through the model, appending their
+ * K/V to the cache (document region, or the output buffer if it has slots), and
+ * write logits. @p hook may be NULL.
+ * @return 0, KVZ_ERR_CONTEXT (cache full), KVZ_ERR_ARG (bad token id), KVZ_ERR_NOMEM,
+ *   KVZ_ERR_CUDA, or the hook's nonzero return.
+ */
+int kvz_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
+                float *logits, int flags, const kvz_layer_hook *hook);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
