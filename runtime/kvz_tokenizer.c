@@ -336,7 +336,7 @@ int kvz_tokenizer_from_vocab(const kvz_str *tokens, const int32_t *types, uint64
     *out = NULL;
     if (!tokens || n_vocab == 0 || n_vocab > (uint64_t)INT32_MAX / 2 || (n_merges && !merges))
         return kvz_error_set(KVZ_ERR_ARG, "tokenizer: bad vocabulary arguments");
-    int pre_kind;
+    int pre_kind = 0;
     const char *pname = pre ? pre : "default";
     int rc = pre_from_name(pname, strlen(pname), &pre_kind);
     if (rc) return rc;
