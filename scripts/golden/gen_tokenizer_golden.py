@@ -258,6 +258,44 @@ def strings():
     return uniq
 
 
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+EXTRA_SPLITS = [
+    "'S 'T 'RE 'Ve 'mE 'LL 'D", "(hello) [world] {x}", "\tword\ttab", " \r\n\r\n  x", "a.\n\nb",
+    "x;\r\n\r\ny", "  \n  \n  z", "!!!\n\n", "12345 678", "a1b22c333", "$100.00\n",
+    "\u00a0word \u3000word", "\n\nword", "end.\r\n", ".\n.\r.\r\n", "   \t\n", "‘quoted’\n",
+]
+
+
+def write_splits():
+    """Pre-tokenizer pieces for the regexes alone (no vocabulary needed), so the
+    C splitters for pre = gpt2 and qwen2 are pinned too. Lines:
+    `<pre>\t<hex of UTF-8 input>\t<comma-separated end byte offsets>`."""
+    from tokenizers import Regex, pre_tokenizers
+    refs = {
+        "gpt2": (pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), True),
+        "smollm": (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]), True),
+        "qwen2": (pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated"), False),
+    }
+    rows = []
+    for name, (pt, mapped) in refs.items():
+        for s in strings() + EXTRA_SPLITS:
+            if not s:
+                continue
+            ends, pos = [], 0
+            for piece, _ in pt.pre_tokenize_str(s):
+                pos += len(piece) if mapped else len(piece.encode("utf-8"))  # byte-level: 1 char per byte
+                ends.append(pos)
+            assert pos == len(s.encode("utf-8")), (name, s)
+            rows.append(f"{name}\t{s.encode('utf-8').hex()}\t{','.join(map(str, ends))}")
+    dst = os.path.join(ROOT, "tests", "golden", "pretok_splits.tsv")
+    with open(dst, "w") as f:
+        f.write("\n".join(rows) + "\n")
+    print(f"wrote {dst}: {len(rows)} splits")
+
+
 def main():
     ensure_venv()
     model = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -277,6 +315,7 @@ def main():
         want = bytes(b for b in s.encode("utf-8") if b not in missing).decode("utf-8", "replace")
         assert tok.decode(ids, skip_special_tokens=False) == want, repr(s)
         rows.append(s.encode("utf-8").hex() + "\t" + " ".join(map(str, ids)))
+    write_splits()
     dst = os.path.join(ROOT, "tests", "golden", "tokenizer_smollm2.tsv")
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     with open(dst, "w") as f:
