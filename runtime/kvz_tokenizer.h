@@ -10,7 +10,8 @@
  * and safe to use from many threads.
  *
  * Verified token-for-token against HF `tokenizers` 0.23 (tests/golden/
- * tokenizer_smollm2.tsv, made by scripts/golden/gen_tokenizer_golden.py).
+ * tokenizer_smollm2.tsv, made by scripts/golden/gen_tokenizer_golden.py), and
+ * the gpt2 / smollm / qwen2 splits piece-for-piece (tests/golden/pretok_splits.tsv).
  * Character classes (\p{L}, \p{N}, \s) follow Unicode 16.0 as that reference
  * does (runtime/kvz_unicode_tables.h, scripts/gen_unicode_tables.py).
  *
@@ -110,7 +111,9 @@ int kvz_tokenizer_pretokenize(const kvz_tokenizer *t, const char *text, size_t l
                               size_t *ends, size_t cap, size_t *n_pieces);
 
 /**
- * The raw bytes token @p id stands for (byte-level map undone), written to @p buf.
+ * The raw bytes token @p id stands for (byte-level map undone), written to @p buf;
+ * special tokens give their literal text. A token may hold part of a UTF-8
+ * character: concatenate the bytes of consecutive tokens before printing.
  * @return number of bytes (may exceed @p cap: then only cap were written), or
  *   KVZ_ERR_ARG for an id out of range.
  */
