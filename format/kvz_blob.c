@@ -1,0 +1,580 @@
+/* kvz_blob.c — encoder/decoder of the KVZB record format (docs/FORMAT.md). */
+#include "kvz_blob.h"
+
+#include "kvz_error.h"
+
+#include <stdlib.h>
+#include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+#include <zstd.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "kvz_blob: the format is little-endian and this code copies arrays as-is"
+#endif
+
+/* ========================================================================= */
+/* Byte helpers (little-endian, unaligned-safe)                                */
+
+static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint16_t get16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+/* Header field offsets (docs/FORMAT.md §2). */
+enum {
+    H_MAGIC = 0, H_VERSION = 4, H_KIND = 6, H_CODEC = 7, H_LAYER = 8, H_RESERVED = 12,
+    H_BLOB_ID = 16, H_RAW_SIZE = 24, H_COMP_SIZE = 32, H_RAW_XXH3 = 40, H_REC_XXH3 = 48,
+};
+#define KVZ_CODEC_ZSTD 1u
+
+/* META payload field offsets (docs/FORMAT.md §3). */
+enum {
+    M_FP = 0, M_N_LAYER = 16, M_N_HEAD = 20, M_N_KV_HEAD = 24, M_HEAD_DIM = 28, M_DTYPE = 32,
+    M_MODE = 33, M_PREFIX = 34, M_RESERVED = 35, M_RATIO = 36, M_CHUNK = 40, M_OVERLAP = 44,
+    M_N_PREFIX = 48, M_N_CONTEXT = 52, M_TOTAL_KEPT = 56, M_KV_BYTES = 64, M_COUNTS = 72,
+};
+
+/* rec_xxh3: XXH3-64 of the compressed bytes, seeded with XXH3-64 of header[0,48). */
+static uint64_t record_hash(const uint8_t *hdr, const uint8_t *comp, size_t comp_size)
+{
+    return XXH3_64bits_withSeed(comp, comp_size, XXH3_64bits(hdr, H_REC_XXH3));
+}
+
+/* ========================================================================= */
+/* Meta helpers                                                                */
+
+size_t kvz_blob_dtype_size(uint8_t dtype)
+{
+    switch (dtype) {
+    case KVZ_DTYPE_F32: return 4;
+    case KVZ_DTYPE_F16: return 2;
+    case KVZ_DTYPE_BF16: return 2;
+    default: return 0;
+    }
+}
+
+uint64_t kvz_blob_layer_kept(const kvz_blob_meta *m, uint32_t l)
+{
+    uint64_t s = 0;
+    for (uint32_t h = 0; h < m->n_kv_head; h++) s += m->counts[(size_t)l * m->n_kv_head + h];
+    return s;
+}
+
+void kvz_blob_layer_offsets(const kvz_blob_meta *m, uint32_t l, uint64_t *off)
+{
+    off[0] = 0;
+    for (uint32_t h = 0; h < m->n_kv_head; h++)
+        off[h + 1] = off[h] + m->counts[(size_t)l * m->n_kv_head + h];
+}
+
+static uint64_t row_bytes(const kvz_blob_meta *m)
+{
+    return 4 + 2 * (uint64_t)m->head_dim * kvz_blob_dtype_size(m->dtype);
+}
+
+uint64_t kvz_blob_layer_raw_size(const kvz_blob_meta *m, uint32_t l)
+{
+    return kvz_blob_layer_kept(m, l) * row_bytes(m);
+}
+
+static uint64_t total_kept(const kvz_blob_meta *m)
+{
+    uint64_t s = 0;
+    for (size_t i = 0; i < (size_t)m->n_layer * m->n_kv_head; i++) s += m->counts[i];
+    return s;
+}
+
+uint64_t kvz_blob_kv_bytes(const kvz_blob_meta *m) { return total_kept(m) * row_bytes(m); }
+
+/* Returns NULL when valid, else a static description of the first bad field. */
+static const char *meta_problem(const kvz_blob_meta *m)
+{
+    if (m->n_layer < 1 || m->n_layer > KVZ_BLOB_MAX_LAYERS) return "n_layer out of range";
+    if (m->n_kv_head < 1 || m->n_kv_head > KVZ_BLOB_MAX_HEADS) return "n_kv_head out of range";
+    if (m->n_head < 1 || m->n_head > KVZ_BLOB_MAX_HEADS) return "n_head out of range";
+    if (m->n_head % m->n_kv_head) return "n_head not a multiple of n_kv_head";
+    if (m->head_dim < 1 || m->head_dim > KVZ_BLOB_MAX_HEAD_DIM) return "head_dim out of range";
+    if (!kvz_blob_dtype_size(m->dtype)) return "unknown dtype";
+    if (m->mode > KVZ_MODE_UNIFORM) return "unknown mode";
+    if (m->prefix_policy > KVZ_PREFIX_NONE) return "unknown prefix policy";
+    if (!(m->ratio > 0.0f && m->ratio <= 1.0f)) return "ratio not in (0, 1]";
+    if (m->chunk < 1) return "chunk is 0";
+    if ((uint64_t)m->n_prefix + m->n_context > KVZ_BLOB_MAX_TOKENS) return "too many tokens";
+    if (!m->counts) return "counts is NULL";
+    uint32_t lo = m->prefix_policy == KVZ_PREFIX_KEEP ? m->n_prefix : 0;
+    uint32_t hi = m->prefix_policy == KVZ_PREFIX_KEEP ? m->n_prefix + m->n_context : m->n_context;
+    for (size_t i = 0; i < (size_t)m->n_layer * m->n_kv_head; i++)
+        if (m->counts[i] < lo || m->counts[i] > hi) return "kept count out of range";
+    return NULL;
+}
+
+int kvz_blob_meta_validate(const kvz_blob_meta *m)
+{
+    if (!m) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: meta is NULL");
+    const char *p = meta_problem(m);
+    return p ? kvz_error_set(KVZ_ERR_ARG, "kvz_blob: invalid meta: %s", p) : 0;
+}
+
+/* Fixed 72-byte part of the META payload; counts follow as u32 LE. */
+static void meta_fixed(const kvz_blob_meta *m, uint8_t b[KVZ_BLOB_META_FIXED_SIZE])
+{
+    memset(b, 0, KVZ_BLOB_META_FIXED_SIZE);
+    memcpy(b + M_FP, m->fingerprint, 16);
+    put32(b + M_N_LAYER, m->n_layer);
+    put32(b + M_N_HEAD, m->n_head);
+    put32(b + M_N_KV_HEAD, m->n_kv_head);
+    put32(b + M_HEAD_DIM, m->head_dim);
+    b[M_DTYPE] = m->dtype;
+    b[M_MODE] = m->mode;
+    b[M_PREFIX] = m->prefix_policy;
+    memcpy(b + M_RATIO, &m->ratio, 4);
+    put32(b + M_CHUNK, m->chunk);
+    put32(b + M_OVERLAP, m->overlap);
+    put32(b + M_N_PREFIX, m->n_prefix);
+    put32(b + M_N_CONTEXT, m->n_context);
+    put64(b + M_TOTAL_KEPT, total_kept(m));
+    put64(b + M_KV_BYTES, kvz_blob_kv_bytes(m));
+}
+
+static size_t meta_counts_bytes(const kvz_blob_meta *m)
+{
+    return (size_t)m->n_layer * m->n_kv_head * 4;
+}
+
+uint64_t kvz_blob_meta_id(const kvz_blob_meta *m)
+{
+    uint8_t fixed[KVZ_BLOB_META_FIXED_SIZE];
+    meta_fixed(m, fixed);
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    XXH3_64bits_update(&st, fixed, sizeof fixed);
+    XXH3_64bits_update(&st, m->counts, meta_counts_bytes(m));
+    return XXH3_64bits_digest(&st);
+}
+
+void kvz_blob_params_bytes(const kvz_blob_meta *m, uint8_t out[KVZ_BLOB_PARAMS_SIZE])
+{
+    memset(out, 0, KVZ_BLOB_PARAMS_SIZE);
+    out[0] = m->dtype;
+    out[1] = m->mode;
+    out[2] = m->prefix_policy;
+    memcpy(out + 4, &m->ratio, 4);
+    put32(out + 8, m->chunk);
+    put32(out + 12, m->overlap);
+}
+
+void kvz_blob_content_hash(const uint8_t fp[16], const uint8_t *params, size_t params_len,
+                           size_t n, const int32_t *tokens, uint8_t out[16])
+{
+    uint8_t pre[4 + 4 + 16 + 4];
+    memcpy(pre, "KVZH", 4);
+    put32(pre + 4, 1);
+    memcpy(pre + 8, fp, 16);
+    put32(pre + 24, (uint32_t)params_len);
+    uint8_t nb[8];
+    put64(nb, (uint64_t)n);
+    XXH3_state_t st;
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, pre, sizeof pre);
+    if (params_len) XXH3_128bits_update(&st, params, params_len);
+    XXH3_128bits_update(&st, nb, 8);
+    if (n) XXH3_128bits_update(&st, tokens, n * sizeof(int32_t)); /* int32 LE == u32 LE bits */
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&st));
+    memcpy(out, c.digest, 16);
+}
+
+void kvz_blob_meta_free(kvz_blob_meta *m)
+{
+    if (!m) return;
+    free(m->counts);
+    memset(m, 0, sizeof *m);
+}
+
+/* Positions of layer l: strictly ascending per head, in range, prefix policy. */
+static const char *positions_problem(const kvz_blob_meta *m, uint32_t l, const uint32_t *const *pos)
+{
+    uint64_t n_total = (uint64_t)m->n_prefix + m->n_context;
+    for (uint32_t h = 0; h < m->n_kv_head; h++) {
+        uint32_t c = m->counts[(size_t)l * m->n_kv_head + h];
+        const uint32_t *p = pos[h];
+        for (uint32_t i = 0; i < c; i++) {
+            if (p[i] >= n_total) return "position >= n_prefix + n_context";
+            if (i && p[i] <= p[i - 1]) return "positions not strictly ascending";
+            if (m->prefix_policy == KVZ_PREFIX_KEEP && i < m->n_prefix && p[i] != i)
+                return "prefix positions are not 0..n_prefix-1";
+            if (m->prefix_policy == KVZ_PREFIX_NONE && p[i] < m->n_prefix)
+                return "prefix position stored under prefix policy NONE";
+        }
+    }
+    return NULL;
+}
+
+/* ========================================================================= */
+/* Encoding                                                                    */
+
+typedef struct { const void *p; size_t n; } piece;
+
+/* Compress the concatenation of pieces into header || zstd frame. */
+static int encode_record(uint8_t kind, uint32_t layer, uint64_t blob_id, const piece *pieces,
+                         size_t n_pieces, int level, uint8_t **out, size_t *out_len)
+{
+    if (level == 0) level = KVZ_BLOB_DEFAULT_LEVEL;
+    if (level < 1 || level > ZSTD_maxCLevel())
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: zstd level %d out of range", level);
+    uint64_t raw = 0;
+    for (size_t i = 0; i < n_pieces; i++) raw += pieces[i].n;
+    size_t bound = ZSTD_compressBound((size_t)raw);
+    if (ZSTD_isError(bound)) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: payload too large");
+    uint8_t *buf = malloc(KVZ_BLOB_HEADER_SIZE + bound);
+    ZSTD_CCtx *cc = ZSTD_createCCtx();
+    XXH3_state_t *hs = XXH3_createState();
+    int err = 0;
+    if (!buf || !cc || !hs) { err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: encode"); goto done; }
+
+    size_t zr;
+    if (ZSTD_isError(zr = ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, level)) ||
+        ZSTD_isError(zr = ZSTD_CCtx_setParameter(cc, ZSTD_c_checksumFlag, 0)) ||
+        ZSTD_isError(zr = ZSTD_CCtx_setParameter(cc, ZSTD_c_contentSizeFlag, 1)) ||
+        ZSTD_isError(zr = ZSTD_CCtx_setPledgedSrcSize(cc, raw))) {
+        err = kvz_error_set(KVZ_ERR_ZSTD, "kvz_blob: zstd setup: %s", ZSTD_getErrorName(zr));
+        goto done;
+    }
+    XXH3_64bits_reset(hs);
+    ZSTD_outBuffer ob = {buf + KVZ_BLOB_HEADER_SIZE, bound, 0};
+    for (size_t i = 0; i <= n_pieces; i++) {
+        int last = i == n_pieces;
+        ZSTD_inBuffer ib = {last ? NULL : pieces[i].p, last ? 0 : pieces[i].n, 0};
+        if (!last && ib.size) XXH3_64bits_update(hs, ib.src, ib.size);
+        for (;;) {
+            zr = ZSTD_compressStream2(cc, &ob, &ib, last ? ZSTD_e_end : ZSTD_e_continue);
+            if (ZSTD_isError(zr)) {
+                err = kvz_error_set(KVZ_ERR_ZSTD, "kvz_blob: zstd compress: %s", ZSTD_getErrorName(zr));
+                goto done;
+            }
+            if (last ? zr == 0 : ib.pos == ib.size) break;
+        }
+    }
+    uint8_t *h = buf;
+    memset(h, 0, KVZ_BLOB_HEADER_SIZE);
+    memcpy(h + H_MAGIC, KVZ_BLOB_MAGIC, 4);
+    put16(h + H_VERSION, KVZ_BLOB_VERSION);
+    h[H_KIND] = kind;
+    h[H_CODEC] = KVZ_CODEC_ZSTD;
+    put32(h + H_LAYER, layer);
+    uint64_t raw_hash = XXH3_64bits_digest(hs);
+    put64(h + H_BLOB_ID, kind == KVZ_BLOB_KIND_META ? raw_hash : blob_id);
+    put64(h + H_RAW_SIZE, raw);
+    put64(h + H_COMP_SIZE, ob.pos);
+    put64(h + H_RAW_XXH3, raw_hash);
+    put64(h + H_REC_XXH3, record_hash(h, buf + KVZ_BLOB_HEADER_SIZE, ob.pos));
+    *out_len = KVZ_BLOB_HEADER_SIZE + ob.pos;
+    uint8_t *shrunk = realloc(buf, *out_len);
+    *out = shrunk ? shrunk : buf;
+    buf = NULL;
+done:
+    free(buf);
+    ZSTD_freeCCtx(cc);
+    XXH3_freeState(hs);
+    return err;
+}
+
+int kvz_blob_encode_meta(const kvz_blob_meta *m, int level, uint8_t **out, size_t *out_len)
+{
+    if (!out || !out_len) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL output");
+    *out = NULL;
+    *out_len = 0;
+    int err = kvz_blob_meta_validate(m);
+    if (err) return err;
+    uint8_t fixed[KVZ_BLOB_META_FIXED_SIZE];
+    meta_fixed(m, fixed);
+    piece pc[2] = {{fixed, sizeof fixed}, {m->counts, meta_counts_bytes(m)}};
+    return encode_record(KVZ_BLOB_KIND_META, KVZ_BLOB_META_LAYER, 0, pc, 2, level, out, out_len);
+}
+
+int kvz_blob_encode_layer_heads(const kvz_blob_meta *m, uint32_t l, const uint32_t *const *pos,
+                                const void *const *k, const void *const *v, int level,
+                                uint8_t **out, size_t *out_len)
+{
+    if (!out || !out_len) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL output");
+    *out = NULL;
+    *out_len = 0;
+    int err = kvz_blob_meta_validate(m);
+    if (err) return err;
+    if (l >= m->n_layer) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: layer %u >= n_layer %u", l, m->n_layer);
+    if (!pos || !k || !v) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL head array");
+    uint32_t H = m->n_kv_head;
+    const uint32_t *cnt = m->counts + (size_t)l * H;
+    for (uint32_t h = 0; h < H; h++)
+        if (cnt[h] && (!pos[h] || !k[h] || !v[h]))
+            return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL array for head %u", h);
+    const char *p = positions_problem(m, l, pos);
+    if (p) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: layer %u: %s", l, p);
+
+    size_t rowkv = (size_t)m->head_dim * kvz_blob_dtype_size(m->dtype);
+    piece *pc = malloc(sizeof(piece) * 3 * H);
+    if (!pc) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: encode");
+    for (uint32_t h = 0; h < H; h++) {
+        pc[h] = (piece){pos[h], (size_t)cnt[h] * 4};
+        pc[H + h] = (piece){k[h], (size_t)cnt[h] * rowkv};
+        pc[2 * H + h] = (piece){v[h], (size_t)cnt[h] * rowkv};
+    }
+    err = encode_record(KVZ_BLOB_KIND_LAYER, l, kvz_blob_meta_id(m), pc, 3 * (size_t)H, level, out,
+                        out_len);
+    free(pc);
+    return err;
+}
+
+int kvz_blob_encode_layer(const kvz_blob_meta *m, uint32_t l, const uint32_t *pos, const void *k,
+                          const void *v, int level, uint8_t **out, size_t *out_len)
+{
+    if (!out || !out_len) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL output");
+    *out = NULL;
+    *out_len = 0;
+    int err = kvz_blob_meta_validate(m);
+    if (err) return err;
+    if (l >= m->n_layer) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: layer %u >= n_layer %u", l, m->n_layer);
+    uint32_t H = m->n_kv_head;
+    uint64_t *off = malloc(sizeof(uint64_t) * (H + 1));
+    const void **ptrs = malloc(sizeof(void *) * 3 * H);
+    if (!off || !ptrs) { free(off); free(ptrs); return kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: encode"); }
+    kvz_blob_layer_offsets(m, l, off);
+    if (off[H] && (!pos || !k || !v)) {
+        free(off); free(ptrs);
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL flat array");
+    }
+    size_t rowkv = (size_t)m->head_dim * kvz_blob_dtype_size(m->dtype);
+    for (uint32_t h = 0; h < H; h++) {
+        int any = off[h + 1] > off[h];
+        ptrs[h] = any ? pos + off[h] : NULL;
+        ptrs[H + h] = any ? (const uint8_t *)k + off[h] * rowkv : NULL;
+        ptrs[2 * H + h] = any ? (const uint8_t *)v + off[h] * rowkv : NULL;
+    }
+    err = kvz_blob_encode_layer_heads(m, l, (const uint32_t *const *)ptrs, ptrs + H, ptrs + 2 * H,
+                                      level, out, out_len);
+    free(off);
+    free(ptrs);
+    return err;
+}
+
+/* ========================================================================= */
+/* Decoding                                                                    */
+
+int kvz_blob_check(const uint8_t *rec, size_t len, kvz_blob_info *info)
+{
+    if (!rec) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL record");
+    if (len < KVZ_BLOB_HEADER_SIZE)
+        return kvz_error_set(KVZ_ERR_TRUNCATED, "kvz_blob: record of %zu bytes is shorter than the "
+                             "%u-byte header", len, KVZ_BLOB_HEADER_SIZE);
+    if (memcmp(rec + H_MAGIC, KVZ_BLOB_MAGIC, 4))
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: bad magic (not a KVZB record)");
+    uint16_t ver = get16(rec + H_VERSION);
+    if (ver != KVZ_BLOB_VERSION)
+        return kvz_error_set(KVZ_ERR_VERSION, "kvz_blob: format version %u, this build reads %u",
+                             ver, KVZ_BLOB_VERSION);
+    uint64_t comp = get64(rec + H_COMP_SIZE);
+    if (comp > len - KVZ_BLOB_HEADER_SIZE)
+        return kvz_error_set(KVZ_ERR_TRUNCATED, "kvz_blob: header says %llu compressed bytes, "
+                             "record holds %zu", (unsigned long long)comp, len - KVZ_BLOB_HEADER_SIZE);
+    uint64_t want = get64(rec + H_REC_XXH3);
+    uint64_t got = record_hash(rec, rec + KVZ_BLOB_HEADER_SIZE, (size_t)comp);
+    if (want != got)
+        return kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: record checksum %016llx, expected %016llx",
+                             (unsigned long long)got, (unsigned long long)want);
+    if (comp != len - KVZ_BLOB_HEADER_SIZE)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: %zu trailing bytes after the record",
+                             (size_t)(len - KVZ_BLOB_HEADER_SIZE - comp));
+    uint8_t kind = rec[H_KIND];
+    uint32_t layer = get32(rec + H_LAYER);
+    if (kind != KVZ_BLOB_KIND_META && kind != KVZ_BLOB_KIND_LAYER)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: unknown record kind %u", kind);
+    if (rec[H_CODEC] != KVZ_CODEC_ZSTD)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: unknown codec %u", rec[H_CODEC]);
+    if (get32(rec + H_RESERVED))
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: reserved header bytes are not zero");
+    if (kind == KVZ_BLOB_KIND_META ? layer != KVZ_BLOB_META_LAYER : layer >= KVZ_BLOB_MAX_LAYERS)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: bad layer index %u for kind %u", layer, kind);
+    if (info) {
+        info->kind = kind;
+        info->layer = layer;
+        info->blob_id = get64(rec + H_BLOB_ID);
+        info->raw_size = get64(rec + H_RAW_SIZE);
+        info->comp_size = comp;
+        info->raw_xxh3 = get64(rec + H_RAW_XXH3);
+    }
+    return 0;
+}
+
+int kvz_blob_decode_meta(const uint8_t *rec, size_t len, const uint8_t *expected_fp,
+                         kvz_blob_meta *m)
+{
+    if (!m) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL meta");
+    memset(m, 0, sizeof *m);
+    kvz_blob_info in = {0};
+    int err = kvz_blob_check(rec, len, &in);
+    if (err) return err;
+    if (in.kind != KVZ_BLOB_KIND_META)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: expected a META record, got kind %u", in.kind);
+    uint64_t max_raw = KVZ_BLOB_META_FIXED_SIZE + 4ull * KVZ_BLOB_MAX_LAYERS * KVZ_BLOB_MAX_HEADS;
+    if (in.raw_size < KVZ_BLOB_META_FIXED_SIZE || in.raw_size > max_raw ||
+        (in.raw_size - KVZ_BLOB_META_FIXED_SIZE) % 4)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META payload size %llu invalid",
+                             (unsigned long long)in.raw_size);
+    if (in.blob_id != in.raw_xxh3)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META blob id differs from its payload hash");
+    const uint8_t *comp = rec + KVZ_BLOB_HEADER_SIZE;
+    unsigned long long fcs = ZSTD_getFrameContentSize(comp, in.comp_size);
+    if (fcs != in.raw_size)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META zstd frame content size %llu, header "
+                             "says %llu", fcs, (unsigned long long)in.raw_size);
+    uint8_t *raw = malloc(in.raw_size);
+    if (!raw) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: META payload");
+    size_t zr = ZSTD_decompress(raw, in.raw_size, comp, in.comp_size);
+    if (ZSTD_isError(zr) || zr != in.raw_size) {
+        err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META zstd frame: %s",
+                            ZSTD_isError(zr) ? ZSTD_getErrorName(zr) : "wrong size");
+        goto fail;
+    }
+    if (XXH3_64bits(raw, in.raw_size) != in.raw_xxh3) {
+        err = kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: META payload checksum mismatch");
+        goto fail;
+    }
+    memcpy(m->fingerprint, raw + M_FP, 16);
+    m->n_layer = get32(raw + M_N_LAYER);
+    m->n_head = get32(raw + M_N_HEAD);
+    m->n_kv_head = get32(raw + M_N_KV_HEAD);
+    m->head_dim = get32(raw + M_HEAD_DIM);
+    m->dtype = raw[M_DTYPE];
+    m->mode = raw[M_MODE];
+    m->prefix_policy = raw[M_PREFIX];
+    memcpy(&m->ratio, raw + M_RATIO, 4);
+    m->chunk = get32(raw + M_CHUNK);
+    m->overlap = get32(raw + M_OVERLAP);
+    m->n_prefix = get32(raw + M_N_PREFIX);
+    m->n_context = get32(raw + M_N_CONTEXT);
+    if (raw[M_RESERVED]) {
+        err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META reserved byte is not zero");
+        goto fail;
+    }
+    if (m->n_layer < 1 || m->n_layer > KVZ_BLOB_MAX_LAYERS || m->n_kv_head < 1 ||
+        m->n_kv_head > KVZ_BLOB_MAX_HEADS ||
+        in.raw_size != KVZ_BLOB_META_FIXED_SIZE + 4ull * m->n_layer * m->n_kv_head) {
+        err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META dims (%u layers, %u kv heads) do not "
+                            "match its size", m->n_layer, m->n_kv_head);
+        goto fail;
+    }
+    m->counts = malloc(meta_counts_bytes(m));
+    if (!m->counts) { err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: META counts"); goto fail; }
+    memcpy(m->counts, raw + M_COUNTS, meta_counts_bytes(m));
+    const char *p = meta_problem(m);
+    if (p) { err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META invalid: %s", p); goto fail; }
+    if (get64(raw + M_TOTAL_KEPT) != total_kept(m) || get64(raw + M_KV_BYTES) != kvz_blob_kv_bytes(m)) {
+        err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META totals disagree with its counts");
+        goto fail;
+    }
+    if (expected_fp && memcmp(expected_fp, m->fingerprint, 16)) {
+        char a[33], b[33];
+        for (int i = 0; i < 16; i++) {
+            static const char hx[] = "0123456789abcdef";
+            a[2 * i] = hx[m->fingerprint[i] >> 4]; a[2 * i + 1] = hx[m->fingerprint[i] & 15];
+            b[2 * i] = hx[expected_fp[i] >> 4]; b[2 * i + 1] = hx[expected_fp[i] & 15];
+        }
+        a[32] = b[32] = 0;
+        err = kvz_error_set(KVZ_ERR_MODEL, "kvz_blob: made by model %s, running model %s", a, b);
+        goto fail;
+    }
+    free(raw);
+    return 0;
+fail:
+    free(raw);
+    kvz_blob_meta_free(m);
+    return err;
+}
+
+int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len,
+                          uint32_t *pos, void *k, void *v)
+{
+    int err = kvz_blob_meta_validate(m);
+    if (err) return err;
+    if (l >= m->n_layer) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: layer %u >= n_layer %u", l, m->n_layer);
+    kvz_blob_info in = {0};
+    if ((err = kvz_blob_check(rec, len, &in))) return err;
+    if (in.kind != KVZ_BLOB_KIND_LAYER)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: expected a LAYER record, got kind %u", in.kind);
+    if (in.layer != l)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: record is layer %u, wanted %u", in.layer, l);
+    if (in.blob_id != kvz_blob_meta_id(m))
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u belongs to another blob", l);
+    uint64_t kept = kvz_blob_layer_kept(m, l);
+    if (in.raw_size != kept * row_bytes(m))
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u payload %llu bytes, counts imply %llu",
+                             l, (unsigned long long)in.raw_size, (unsigned long long)(kept * row_bytes(m)));
+    if (kept && (!pos || !k || !v)) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL output array");
+
+    const uint8_t *comp = rec + KVZ_BLOB_HEADER_SIZE;
+    unsigned long long fcs = ZSTD_getFrameContentSize(comp, in.comp_size);
+    if (fcs != in.raw_size)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u zstd frame content size %llu, "
+                             "header says %llu", l, fcs, (unsigned long long)in.raw_size);
+    size_t kvb = (size_t)kept * m->head_dim * kvz_blob_dtype_size(m->dtype);
+    struct { void *p; size_t n; } seg[3] = {{pos, (size_t)kept * 4}, {k, kvb}, {v, kvb}};
+
+    ZSTD_DCtx *dc = ZSTD_createDCtx();
+    XXH3_state_t *hs = XXH3_createState();
+    if (!dc || !hs) { err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: decode"); goto done; }
+    XXH3_64bits_reset(hs);
+    ZSTD_inBuffer ib = {comp, in.comp_size, 0};
+    size_t zr = 1; /* nonzero: frame not finished */
+    for (int s = 0; s < 3; s++) {
+        ZSTD_outBuffer ob = {seg[s].p, seg[s].n, 0};
+        while (ob.pos < ob.size) {
+            size_t in0 = ib.pos, out0 = ob.pos;
+            zr = ZSTD_decompressStream(dc, &ob, &ib);
+            if (ZSTD_isError(zr)) {
+                err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u zstd: %s", l, ZSTD_getErrorName(zr));
+                goto done;
+            }
+            if ((zr == 0 && ob.pos < ob.size) || (ib.pos == in0 && ob.pos == out0)) {
+                err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u zstd frame ends early", l);
+                goto done;
+            }
+        }
+        if (seg[s].n) XXH3_64bits_update(hs, seg[s].p, seg[s].n);
+    }
+    while (zr != 0) { /* all bytes placed: the frame must end here */
+        uint8_t extra;
+        ZSTD_outBuffer ob = {&extra, 1, 0};
+        size_t in0 = ib.pos;
+        zr = ZSTD_decompressStream(dc, &ob, &ib);
+        if (ZSTD_isError(zr) || ob.pos || (zr && ib.pos == in0)) {
+            err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u zstd frame %s", l,
+                                ZSTD_isError(zr) ? ZSTD_getErrorName(zr) : ob.pos ? "too long" : "incomplete");
+            goto done;
+        }
+    }
+    if (ib.pos != ib.size) {
+        err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u: bytes after the zstd frame", l);
+        goto done;
+    }
+    if (XXH3_64bits_digest(hs) != in.raw_xxh3) {
+        err = kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: layer %u payload checksum mismatch", l);
+        goto done;
+    }
+    {
+        uint32_t H = m->n_kv_head;
+        const uint32_t **hp = malloc(sizeof(*hp) * H);
+        if (!hp) { err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: decode"); goto done; }
+        uint64_t o = 0;
+        for (uint32_t h = 0; h < H; h++) { hp[h] = pos ? pos + o : NULL; o += m->counts[(size_t)l * H + h]; }
+        const char *p = positions_problem(m, l, hp);
+        free(hp);
+        if (p) err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u: %s", l, p);
+    }
+done:
+    ZSTD_freeDCtx(dc);
+    XXH3_freeState(hs);
+    return err;
+}

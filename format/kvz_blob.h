@@ -1,0 +1,258 @@
+/**
+ * @file kvz_blob.h
+ * @brief Versioned, checksummed, zstd-compressed blob format for one document's
+ *        compressed KV cache (byte-level spec: docs/FORMAT.md).
+ *
+ * A blob is one META record plus one LAYER record per model layer. Every record
+ * is self-contained and independently verifiable, so a query can stream layers
+ * one by one out of the store:
+ *
+ *     record = header (56 bytes, little-endian) || zstd frame (comp_size bytes)
+ *
+ * The header carries the magic "KVZB", the format version, the record kind, the
+ * layer index, the blob id (ties each LAYER record to its META record), the
+ * uncompressed and compressed sizes, an XXH3-64 of the uncompressed payload and
+ * an XXH3-64 over the header and the compressed bytes. Readers verify all of it
+ * before trusting any field, and bound every allocation by limits in this file.
+ *
+ * Data model (per layer l, per KV head h, head-major):
+ *   c[l][h]                 kept pairs of that head (includes the n_prefix system
+ *                           prefix pairs when prefix_policy == KVZ_PREFIX_KEEP)
+ *   pos  u32 (c)            original token positions, strictly ascending
+ *   K    dtype (c, head_dim) post-RoPE keys
+ *   V    dtype (c, head_dim) values
+ * A layer's flat head-major arrays concatenate the heads: head h starts at row
+ * off[h] = c[l][0] + ... + c[l][h-1]; see kvz_blob_layer_offsets(). Queries
+ * continue at position n_prefix + n_context.
+ *
+ * Threading: every function is reentrant; none keeps global state except the
+ * thread-local error detail (kvz_error_detail()). Nothing prints or exits.
+ * Host byte order must be little-endian (checked at compile time).
+ */
+#ifndef KVZ_BLOB_H
+#define KVZ_BLOB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------- */
+/* Constants                                                                   */
+
+#define KVZ_BLOB_MAGIC "KVZB"           /**< 4 bytes at offset 0 of every record */
+#define KVZ_BLOB_VERSION 1u             /**< the only version this build reads/writes */
+#define KVZ_BLOB_HEADER_SIZE 56u        /**< fixed record header size, bytes */
+#define KVZ_BLOB_META_FIXED_SIZE 72u    /**< META payload bytes before the counts */
+#define KVZ_BLOB_PARAMS_SIZE 16u        /**< bytes of kvz_blob_params_bytes() */
+#define KVZ_BLOB_META_LAYER 0xFFFFFFFFu /**< layer field of a META record */
+#define KVZ_BLOB_DEFAULT_LEVEL 3        /**< default zstd level */
+
+/* Reader limits: a header outside them is rejected with KVZ_ERR_FORMAT before
+ * anything is allocated. They are far above any real model. */
+#define KVZ_BLOB_MAX_LAYERS 1024u
+#define KVZ_BLOB_MAX_HEADS 1024u     /**< query heads and KV heads */
+#define KVZ_BLOB_MAX_HEAD_DIM 1024u
+#define KVZ_BLOB_MAX_TOKENS (1u << 30) /**< n_prefix + n_context */
+
+/** Record kinds (header byte 6). */
+typedef enum { KVZ_BLOB_KIND_META = 1, KVZ_BLOB_KIND_LAYER = 2 } kvz_blob_kind;
+
+/** KV element types. Element size: f32 4, f16 2, bf16 2 bytes (little-endian). */
+typedef enum { KVZ_DTYPE_F32 = 0, KVZ_DTYPE_F16 = 1, KVZ_DTYPE_BF16 = 2 } kvz_blob_dtype;
+
+/** Eviction mode of the pipeline that produced the blob. */
+typedef enum {
+    KVZ_MODE_GLOBAL = 0,  /**< one threshold over all layers x heads x tokens */
+    KVZ_MODE_UNIFORM = 1, /**< per-head top-k, same budget for every head */
+} kvz_blob_mode;
+
+/** What happened to the system-prefix pairs. */
+typedef enum {
+    KVZ_PREFIX_KEEP = 0, /**< stored in every head: each head's first n_prefix
+                              positions are exactly 0..n_prefix-1 */
+    KVZ_PREFIX_NONE = 1, /**< not stored (the runtime re-prefills them): every
+                              position is >= n_prefix */
+} kvz_blob_prefix;
+
+/**
+ * Everything the META record holds. Sized integer fields; no padding games —
+ * the byte layout on disk is defined in docs/FORMAT.md, not by this struct.
+ */
+typedef struct kvz_blob_meta {
+    uint8_t fingerprint[16]; /**< model fingerprint (GGUF / synthetic spec hash) */
+    uint32_t n_layer;        /**< 1..KVZ_BLOB_MAX_LAYERS */
+    uint32_t n_head;         /**< query heads, multiple of n_kv_head */
+    uint32_t n_kv_head;      /**< 1..KVZ_BLOB_MAX_HEADS */
+    uint32_t head_dim;       /**< 1..KVZ_BLOB_MAX_HEAD_DIM */
+    uint8_t dtype;           /**< kvz_blob_dtype */
+    uint8_t mode;            /**< kvz_blob_mode */
+    uint8_t prefix_policy;   /**< kvz_blob_prefix */
+    float ratio;             /**< fraction of context pairs kept, (0, 1] */
+    uint32_t chunk;          /**< scoring chunk size m (default 2000), >= 1 */
+    uint32_t overlap;        /**< tokens of chunk t-1 repeated in chunk t's prompt (8) */
+    uint32_t n_prefix;       /**< system-prefix tokens */
+    uint32_t n_context;      /**< context (document) tokens */
+    /** Kept counts, (n_layer, n_kv_head) layer-major: counts[l*n_kv_head + h].
+     *  For encoding: caller-owned, read only. After kvz_blob_decode_meta():
+     *  malloc'd by the library, release with kvz_blob_meta_free(). */
+    uint32_t *counts;
+} kvz_blob_meta;
+
+/** What kvz_blob_check() learns from a record header (after verifying it). */
+typedef struct kvz_blob_info {
+    uint8_t kind;       /**< kvz_blob_kind */
+    uint32_t layer;     /**< layer index; KVZ_BLOB_META_LAYER for META */
+    uint64_t blob_id;   /**< kvz_blob_meta_id() of the blob's META */
+    uint64_t raw_size;  /**< uncompressed payload bytes */
+    uint64_t comp_size; /**< compressed bytes after the header */
+    uint64_t raw_xxh3;  /**< XXH3-64 of the uncompressed payload */
+} kvz_blob_info;
+
+/* ------------------------------------------------------------------------- */
+/* Helpers                                                                     */
+
+/** Element size in bytes of a kvz_blob_dtype (4, 2, 2), 0 if unknown. */
+size_t kvz_blob_dtype_size(uint8_t dtype);
+
+/**
+ * Validate a meta struct (dims within the limits, n_head % n_kv_head == 0,
+ * known dtype/mode/prefix policy, 0 < ratio <= 1, chunk >= 1, token counts
+ * within KVZ_BLOB_MAX_TOKENS, counts non-NULL and each within what the prefix
+ * policy allows).
+ * @return 0, KVZ_ERR_ARG (detail says which field).
+ */
+int kvz_blob_meta_validate(const kvz_blob_meta *m);
+
+/** Sum of counts over the heads of layer @p l (no bounds check on l). */
+uint64_t kvz_blob_layer_kept(const kvz_blob_meta *m, uint32_t l);
+
+/**
+ * Per-head row offsets of layer @p l in the flat head-major arrays.
+ * @param off  out, n_kv_head + 1 entries: off[h] first row of head h,
+ *             off[n_kv_head] = total rows of the layer.
+ */
+void kvz_blob_layer_offsets(const kvz_blob_meta *m, uint32_t l, uint64_t *off);
+
+/** Uncompressed LAYER payload bytes of layer l: kept * (4 + 2*head_dim*esize). */
+uint64_t kvz_blob_layer_raw_size(const kvz_blob_meta *m, uint32_t l);
+
+/** Uncompressed bytes of all layers (positions + K + V) of the kept pairs. */
+uint64_t kvz_blob_kv_bytes(const kvz_blob_meta *m);
+
+/**
+ * Blob id: XXH3-64 (seed 0) of the META payload serialized from @p m. Every
+ * LAYER record of the blob carries it, so records of different blobs cannot be
+ * mixed. @p m must be valid (kvz_blob_meta_validate).
+ */
+uint64_t kvz_blob_meta_id(const kvz_blob_meta *m);
+
+/**
+ * Canonical pipeline-parameter bytes (dtype, mode, prefix policy, ratio, chunk,
+ * overlap; layout in docs/FORMAT.md) used in the content hash.
+ */
+void kvz_blob_params_bytes(const kvz_blob_meta *m, uint8_t out[KVZ_BLOB_PARAMS_SIZE]);
+
+/**
+ * Content hash (store key) = XXH3-128 over "KVZH" || u32 1 || fingerprint[16] ||
+ * u32 params_len || params || u64 n || token ids as u32 LE, written in XXH128
+ * canonical (big-endian) byte order. Pass the whole cached prompt
+ * ([system prefix][context]) as @p tokens so a template change changes the hash.
+ * @param params  e.g. kvz_blob_params_bytes(); may be NULL when params_len == 0.
+ */
+void kvz_blob_content_hash(const uint8_t fp[16], const uint8_t *params, size_t params_len,
+                           size_t n, const int32_t *tokens, uint8_t out[16]);
+
+/** Free what kvz_blob_decode_meta() allocated (counts) and zero the struct. NULL-safe. */
+void kvz_blob_meta_free(kvz_blob_meta *m);
+
+/* ------------------------------------------------------------------------- */
+/* Encoding. Output records are malloc'd; the caller frees them with free().   */
+
+/**
+ * Encode the META record.
+ * @param m      valid meta (counts caller-owned).
+ * @param level  zstd level (1..ZSTD_maxCLevel(), or 0 for KVZ_BLOB_DEFAULT_LEVEL).
+ * @param out    out: malloc'd record; caller frees with free().
+ * @param out_len out: record bytes.
+ * @return 0, KVZ_ERR_ARG (invalid meta/level/NULL), KVZ_ERR_NOMEM, KVZ_ERR_ZSTD
+ *         (zstd error name in detail).
+ */
+int kvz_blob_encode_meta(const kvz_blob_meta *m, int level, uint8_t **out, size_t *out_len);
+
+/**
+ * Encode LAYER record @p l from per-head arrays (no copying into a flat buffer).
+ * @param pos  n_kv_head pointers; pos[h]: u32 (counts[l][h]) positions, strictly
+ *             ascending, < n_prefix + n_context, honouring the prefix policy.
+ * @param k    n_kv_head pointers; k[h]: dtype (counts[l][h], head_dim) keys, post-RoPE.
+ * @param v    n_kv_head pointers; v[h]: dtype (counts[l][h], head_dim) values.
+ *             Pointers of heads with count 0 may be NULL.
+ * @return 0, KVZ_ERR_ARG (invalid meta, l >= n_layer, NULL array, positions not
+ *         ascending / out of range / prefix policy violated), KVZ_ERR_NOMEM,
+ *         KVZ_ERR_ZSTD.
+ */
+int kvz_blob_encode_layer_heads(const kvz_blob_meta *m, uint32_t l, const uint32_t *const *pos,
+                                const void *const *k, const void *const *v, int level,
+                                uint8_t **out, size_t *out_len);
+
+/**
+ * Encode LAYER record @p l from flat head-major arrays (rows of head h start at
+ * kvz_blob_layer_offsets()[h]). Same bytes as kvz_blob_encode_layer_heads().
+ * @param pos  u32 (kept) positions.
+ * @param k    dtype (kept, head_dim) keys.   @param v dtype (kept, head_dim) values.
+ * @return as kvz_blob_encode_layer_heads().
+ */
+int kvz_blob_encode_layer(const kvz_blob_meta *m, uint32_t l, const uint32_t *pos, const void *k,
+                          const void *v, int level, uint8_t **out, size_t *out_len);
+
+/* ------------------------------------------------------------------------- */
+/* Decoding. Input is untrusted: any bytes give an error code, never a crash.  */
+
+/**
+ * Verify a record's framing without decompressing: length, magic, version,
+ * record checksum, kind, codec, reserved bytes, size limits.
+ * Checks, in order: len < header -> TRUNCATED; magic -> FORMAT; version ->
+ * VERSION; record checksum mismatch -> TRUNCATED if the header says more bytes
+ * than @p len holds, else CHECKSUM; then kind/codec/reserved/trailing bytes -> FORMAT.
+ * @param info  out (may be NULL): header fields.
+ * @return 0, KVZ_ERR_ARG (NULL rec), KVZ_ERR_TRUNCATED, KVZ_ERR_FORMAT,
+ *         KVZ_ERR_VERSION, KVZ_ERR_CHECKSUM.
+ */
+int kvz_blob_check(const uint8_t *rec, size_t len, kvz_blob_info *info);
+
+/**
+ * Decode and validate a META record.
+ * @param rec,len     record bytes (not retained).
+ * @param expected_fp model fingerprint the caller runs; NULL skips the check.
+ * @param m           out: filled on success (m->counts malloc'd: free with
+ *                    kvz_blob_meta_free()); zeroed on failure (nothing to free).
+ * @return 0; kvz_blob_check() errors; KVZ_ERR_FORMAT (not a META record, sizes
+ *         or fields inconsistent, zstd frame invalid or of the wrong size);
+ *         KVZ_ERR_CHECKSUM (payload hash); KVZ_ERR_MODEL (fingerprint differs from
+ *         @p expected_fp, both in detail); KVZ_ERR_NOMEM.
+ */
+int kvz_blob_decode_meta(const uint8_t *rec, size_t len, const uint8_t *expected_fp,
+                         kvz_blob_meta *m);
+
+/**
+ * Decode LAYER record @p l of the blob described by @p m (from
+ * kvz_blob_decode_meta) straight into caller-provided flat head-major arrays,
+ * streaming (no intermediate buffer of the payload).
+ * @param pos  out, u32 (kvz_blob_layer_kept(m, l)).
+ * @param k    out, dtype (kept, head_dim).  @param v out, dtype (kept, head_dim).
+ *             On error their contents are unspecified.
+ * @return 0; kvz_blob_check() errors; KVZ_ERR_ARG (NULL, l out of range);
+ *         KVZ_ERR_FORMAT (not a LAYER record, other layer index, blob id of
+ *         another META, size not what the counts imply, zstd frame invalid,
+ *         positions not ascending / out of range / prefix policy violated);
+ *         KVZ_ERR_CHECKSUM (payload hash); KVZ_ERR_NOMEM.
+ */
+int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len,
+                          uint32_t *pos, void *k, void *v);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVZ_BLOB_H */
