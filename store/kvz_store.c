@@ -1,0 +1,741 @@
+/* kvz_store.c — LMDB store of KVZB blobs (layout: docs/FORMAT.md §6). */
+#include "kvz_store.h"
+
+#include "kvz_blob.h"
+#include "kvz_error.h"
+
+#include <errno.h>
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+struct kvz_store {
+    MDB_env *env;
+    MDB_dbi blobs, refs, docs, meta;
+    int readonly;
+    int have_open_fp;
+    uint8_t open_fp[16]; /* fingerprint given to open (immutable) */
+    uint64_t max_map;
+    /* Held shared by every transaction of this process, exclusively while the
+     * map is resized (mdb_env_set_mapsize needs no live transaction). */
+    pthread_rwlock_t lock;
+};
+
+struct kvz_store_read {
+    kvz_store *s;
+    MDB_txn *txn;
+};
+
+#define KEY_SIZE 20            /* hash[16] || u32 BE record index */
+#define REFS_SIZE 16           /* u32 refcount, u32 n_records, u64 bytes */
+#define INFO_FIXED 72          /* doc info bytes before the source path */
+#define INFO_VERSION 1u
+#define GROW_WAIT_S 60
+#define MAP_FULL_INTERNAL 1    /* body -> runner: MDB_MAP_FULL, grow and retry */
+#define NOOP_INTERNAL 2        /* body -> runner: nothing to write, abort */
+
+/* ========================================================================= */
+/* Small helpers                                                               */
+
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+static int lmdb_err(int rc, const char *what)
+{
+    int kvz;
+    switch (rc) {
+    case MDB_NOTFOUND: case ENOENT: kvz = KVZ_ERR_NOTFOUND; break;
+    case MDB_MAP_FULL: case MDB_TXN_FULL: case ENOSPC: case EDQUOT: kvz = KVZ_ERR_FULL; break;
+    case MDB_VERSION_MISMATCH: kvz = KVZ_ERR_VERSION; break;
+    case MDB_INVALID: case MDB_CORRUPTED: case MDB_PAGE_NOTFOUND: case MDB_INCOMPATIBLE:
+        kvz = KVZ_ERR_FORMAT; break;
+    case EACCES: case EROFS: case EIO: case EPERM: kvz = KVZ_ERR_IO; break;
+    case ENOMEM: kvz = KVZ_ERR_NOMEM; break;
+    default: kvz = KVZ_ERR_LMDB; break;
+    }
+    return kvz_error_set(kvz, "kvz_store: %s: %s (lmdb rc %d)", what, mdb_strerror(rc), rc);
+}
+
+/* Map an LMDB return code inside a write body: MAP_FULL asks for growth. */
+static int body_rc(int rc, const char *what)
+{
+    if (rc == MDB_MAP_FULL) return MAP_FULL_INTERNAL;
+    return rc ? lmdb_err(rc, what) : 0;
+}
+
+static void hex16(const uint8_t *b, char out[33])
+{
+    static const char hx[] = "0123456789abcdef";
+    for (int i = 0; i < 16; i++) { out[2 * i] = hx[b[i] >> 4]; out[2 * i + 1] = hx[b[i] & 15]; }
+    out[32] = 0;
+}
+
+static void make_key(uint8_t key[KEY_SIZE], const uint8_t hash[16], uint32_t index)
+{
+    memcpy(key, hash, 16);
+    key[16] = (uint8_t)(index >> 24); /* big-endian: LMDB's byte order = numeric order */
+    key[17] = (uint8_t)(index >> 16);
+    key[18] = (uint8_t)(index >> 8);
+    key[19] = (uint8_t)index;
+}
+
+static int check_doc_id(const char *doc_id, size_t *n)
+{
+    if (!doc_id) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: doc id is NULL");
+    *n = strlen(doc_id);
+    if (*n < 1 || *n > KVZ_STORE_DOC_ID_MAX)
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_store: doc id must be 1..%d bytes, got %zu",
+                             KVZ_STORE_DOC_ID_MAX, *n);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Doc info <-> bytes (docs/FORMAT.md §6.3)                                    */
+
+static size_t info_encode(const kvz_store_doc_info *in, uint8_t *b)
+{
+    size_t S = strnlen(in->source_path, KVZ_STORE_SOURCE_MAX - 1);
+    memset(b, 0, INFO_FIXED);
+    b[0] = (uint8_t)INFO_VERSION;
+    b[1] = (uint8_t)(INFO_VERSION >> 8);
+    b[2] = (uint8_t)S;
+    b[3] = (uint8_t)(S >> 8);
+    memcpy(b + 4, in->hash, 16);
+    b[20] = in->mode;
+    memcpy(b + 24, &in->ratio, 4);
+    put32(b + 28, in->n_records);
+    put64(b + 32, in->n_tokens);
+    put64(b + 40, in->bytes_stored);
+    put64(b + 48, in->bytes_kv_full);
+    put64(b + 56, in->bytes_kv_kept);
+    put64(b + 64, (uint64_t)in->ingest_time);
+    memcpy(b + INFO_FIXED, in->source_path, S);
+    return INFO_FIXED + S;
+}
+
+static int info_decode(const MDB_val *v, kvz_store_doc_info *out)
+{
+    const uint8_t *b = v->mv_data;
+    if (v->mv_size < INFO_FIXED)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: doc info of %zu bytes", v->mv_size);
+    unsigned ver = b[0] | (unsigned)b[1] << 8;
+    if (ver != INFO_VERSION)
+        return kvz_error_set(KVZ_ERR_VERSION, "kvz_store: doc info version %u", ver);
+    size_t S = b[2] | (size_t)b[3] << 8;
+    if (S >= KVZ_STORE_SOURCE_MAX || v->mv_size != INFO_FIXED + S)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: doc info size mismatch");
+    memset(out, 0, sizeof *out);
+    memcpy(out->hash, b + 4, 16);
+    out->mode = b[20];
+    memcpy(&out->ratio, b + 24, 4);
+    out->n_records = get32(b + 28);
+    out->n_tokens = get64(b + 32);
+    out->bytes_stored = get64(b + 40);
+    out->bytes_kv_full = get64(b + 48);
+    out->bytes_kv_kept = get64(b + 56);
+    out->ingest_time = (int64_t)get64(b + 64);
+    memcpy(out->source_path, b + INFO_FIXED, S);
+    out->source_path[S] = 0;
+    return 0;
+}
+
+/* ========================================================================= */
+/* Map growth and the write-transaction runner                                 */
+
+static int lock_exclusive(kvz_store *s)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += GROW_WAIT_S;
+    int rc = pthread_rwlock_timedwrlock(&s->lock, &ts);
+    if (rc == ETIMEDOUT)
+        return kvz_error_set(KVZ_ERR_BUSY, "kvz_store: map resize waited %d s for read "
+                             "transactions of this process to end", GROW_WAIT_S);
+    if (rc) return kvz_error_set(KVZ_ERR_INTERNAL, "kvz_store: rwlock: %s", strerror(rc));
+    return 0;
+}
+
+/* Another process grew the map: adopt its size. */
+static int adopt_mapsize(kvz_store *s)
+{
+    int err = lock_exclusive(s);
+    if (err) return err;
+    int rc = mdb_env_set_mapsize(s->env, 0);
+    pthread_rwlock_unlock(&s->lock);
+    return rc ? lmdb_err(rc, "adopt new map size") : 0;
+}
+
+/* Grow the map to hold at least @p need more bytes (and at least double). */
+static int grow_map(kvz_store *s, uint64_t need)
+{
+    int err = lock_exclusive(s);
+    if (err) return err;
+    MDB_envinfo ei;
+    mdb_env_info(s->env, &ei);
+    uint64_t cur = ei.me_mapsize;
+    if (cur >= s->max_map) {
+        pthread_rwlock_unlock(&s->lock);
+        return kvz_error_set(KVZ_ERR_FULL, "kvz_store: map is full at its maximum of %llu bytes",
+                             (unsigned long long)s->max_map);
+    }
+    uint64_t want = cur * 2 > cur + 2 * need ? cur * 2 : cur + 2 * need;
+    want = (want + 4095) & ~4095ull;
+    if (want > s->max_map) want = s->max_map;
+    int rc = mdb_env_set_mapsize(s->env, (size_t)want);
+    pthread_rwlock_unlock(&s->lock);
+    if (rc)
+        return kvz_error_set(KVZ_ERR_FULL, "kvz_store: growing the map to %llu bytes failed: %s "
+                             "(rc %d)", (unsigned long long)want, mdb_strerror(rc), rc);
+    return 0;
+}
+
+typedef int (*write_body)(kvz_store *s, MDB_txn *txn, void *ctx);
+
+/* Run @p body in one write transaction; on MDB_MAP_FULL abort, grow, redo all. */
+static int run_write(kvz_store *s, write_body body, void *ctx, uint64_t need)
+{
+    if (s->readonly) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: store opened read-only");
+    for (int attempt = 0; attempt < 64; attempt++) {
+        pthread_rwlock_rdlock(&s->lock);
+        MDB_txn *txn;
+        int rc = mdb_txn_begin(s->env, NULL, 0, &txn);
+        if (rc == MDB_MAP_RESIZED) {
+            pthread_rwlock_unlock(&s->lock);
+            int err = adopt_mapsize(s);
+            if (err) return err;
+            continue;
+        }
+        if (rc) { pthread_rwlock_unlock(&s->lock); return lmdb_err(rc, "begin write txn"); }
+        int err = body(s, txn, ctx);
+        if (err) {
+            mdb_txn_abort(txn);
+            pthread_rwlock_unlock(&s->lock);
+            if (err == NOOP_INTERNAL) return 0;
+            if (err != MAP_FULL_INTERNAL) return err;
+            if ((err = grow_map(s, need))) return err;
+            continue;
+        }
+        rc = mdb_txn_commit(txn); /* frees txn whatever the outcome */
+        pthread_rwlock_unlock(&s->lock);
+        if (rc == MDB_MAP_FULL) {
+            if ((err = grow_map(s, need))) return err;
+            continue;
+        }
+        return rc ? lmdb_err(rc, "commit") : 0;
+    }
+    return kvz_error_set(KVZ_ERR_FULL, "kvz_store: write still does not fit after 64 map growths");
+}
+
+/* ========================================================================= */
+/* Open / close                                                                */
+
+static const char *DB_NAMES[4] = {"blobs", "refs", "docs", "meta"};
+
+static int open_init(kvz_store *s, int create)
+{
+    MDB_txn *txn;
+    int rc = mdb_txn_begin(s->env, NULL, s->readonly ? MDB_RDONLY : 0, &txn);
+    if (rc) return lmdb_err(rc, "begin open txn");
+    MDB_dbi *dbis[4] = {&s->blobs, &s->refs, &s->docs, &s->meta};
+    int err = 0;
+    for (int i = 0; i < 4 && !err; i++) {
+        rc = mdb_dbi_open(txn, DB_NAMES[i], s->readonly ? 0 : MDB_CREATE, dbis[i]);
+        if (rc == MDB_NOTFOUND || rc == MDB_INCOMPATIBLE)
+            err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: not a kvzip store (no '%s' database)",
+                                DB_NAMES[i]);
+        else if (rc)
+            err = lmdb_err(rc, "open database");
+    }
+    MDB_val k = {14, "format_version"}, v;
+    if (!err) {
+        rc = mdb_get(txn, s->meta, &k, &v);
+        if (rc == MDB_NOTFOUND && create && !s->readonly) {
+            uint8_t ver[4];
+            put32(ver, KVZ_STORE_VERSION);
+            MDB_val vv = {4, ver};
+            char by[64];
+            snprintf(by, sizeof by, "kvzip store v%u (blob format v%u)", KVZ_STORE_VERSION,
+                     KVZ_BLOB_VERSION);
+            MDB_val kb = {10, "created_by"}, vb = {strlen(by), by};
+            rc = mdb_put(txn, s->meta, &k, &vv, 0);
+            if (!rc) rc = mdb_put(txn, s->meta, &kb, &vb, 0);
+            if (rc) err = lmdb_err(rc, "initialise store");
+        } else if (rc == MDB_NOTFOUND) {
+            err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: not a kvzip store (no format_version)");
+        } else if (rc) {
+            err = lmdb_err(rc, "read format_version");
+        } else if (v.mv_size != 4 || get32(v.mv_data) != KVZ_STORE_VERSION) {
+            err = kvz_error_set(KVZ_ERR_VERSION, "kvz_store: store format version %u, this build "
+                                "reads %u", v.mv_size == 4 ? get32(v.mv_data) : 0, KVZ_STORE_VERSION);
+        }
+    }
+    if (!err && s->have_open_fp) {
+        MDB_val kf = {8, "model_fp"}, vf;
+        rc = mdb_get(txn, s->meta, &kf, &vf);
+        if (rc == 0 && (vf.mv_size != 16 || memcmp(vf.mv_data, s->open_fp, 16))) {
+            char a[33] = "?", b[33];
+            if (vf.mv_size == 16) hex16(vf.mv_data, a);
+            hex16(s->open_fp, b);
+            err = kvz_error_set(KVZ_ERR_MODEL, "kvz_store: store holds blobs of model %s, opened "
+                                "with model %s", a, b);
+        } else if (rc && rc != MDB_NOTFOUND) {
+            err = lmdb_err(rc, "read model_fp");
+        }
+    }
+    if (err) { mdb_txn_abort(txn); return err; }
+    rc = mdb_txn_commit(txn);
+    return rc ? lmdb_err(rc, "commit open txn") : 0;
+}
+
+int kvz_store_open(const char *dir, unsigned flags, uint64_t map_size, const uint8_t *fp,
+                   kvz_store **out)
+{
+    if (!out) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL out");
+    *out = NULL;
+    int create = !!(flags & KVZ_STORE_CREATE), ro = !!(flags & KVZ_STORE_READONLY);
+    if (!dir || (create && ro) || (flags & ~3u))
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_store: bad open arguments");
+    size_t dl = strlen(dir);
+    char *path = malloc(dl + 16);
+    if (!path) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: open");
+    snprintf(path, dl + 16, "%s/data.mdb", dir);
+    struct stat st;
+    int exists = stat(path, &st) == 0;
+    free(path);
+    if (!exists) {
+        if (!create) return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: no store in %s", dir);
+        if (mkdir(dir, 0755) && errno != EEXIST)
+            return kvz_error_set(KVZ_ERR_IO, "kvz_store: mkdir %s: %s", dir, strerror(errno));
+    }
+    kvz_store *s = calloc(1, sizeof *s);
+    if (!s) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: open");
+    s->readonly = ro;
+    s->max_map = KVZ_STORE_DEFAULT_MAX_MAP;
+    if (fp) { s->have_open_fp = 1; memcpy(s->open_fp, fp, 16); }
+    pthread_rwlock_init(&s->lock, NULL);
+    int err = 0, rc = mdb_env_create(&s->env);
+    if (rc) { err = lmdb_err(rc, "mdb_env_create"); s->env = NULL; goto fail; }
+    mdb_env_set_maxdbs(s->env, 8);
+    mdb_env_set_mapsize(s->env, (size_t)(map_size ? map_size : KVZ_STORE_DEFAULT_MAP));
+    rc = mdb_env_open(s->env, dir, MDB_NOTLS | (ro ? MDB_RDONLY : 0), 0644);
+    if (rc) {
+        err = lmdb_err(rc, "mdb_env_open");
+        char tmp[256];
+        snprintf(tmp, sizeof tmp, "%s", kvz_error_detail());
+        kvz_error_set(err, "%s [%s]", tmp, dir);
+        goto fail;
+    }
+    int dead = 0;
+    mdb_reader_check(s->env, &dead); /* clear reader slots of killed processes */
+    if ((err = open_init(s, create))) goto fail;
+    *out = s;
+    return 0;
+fail:
+    if (s->env) mdb_env_close(s->env);
+    pthread_rwlock_destroy(&s->lock);
+    free(s);
+    return err;
+}
+
+void kvz_store_close(kvz_store *s)
+{
+    if (!s) return;
+    mdb_env_close(s->env);
+    pthread_rwlock_destroy(&s->lock);
+    free(s);
+}
+
+void kvz_store_set_max_map(kvz_store *s, uint64_t max_bytes)
+{
+    if (s) s->max_map = max_bytes;
+}
+
+/* ========================================================================= */
+/* Writes                                                                      */
+
+/* Drop one reference to @p hash; delete its records at zero. */
+static int unref(kvz_store *s, MDB_txn *txn, const uint8_t hash[16])
+{
+    MDB_val k = {16, (void *)hash}, v;
+    int rc = mdb_get(txn, s->refs, &k, &v);
+    if (rc == MDB_NOTFOUND) return 0; /* nothing to release */
+    if (rc) return body_rc(rc, "read refs");
+    if (v.mv_size != REFS_SIZE) return kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: corrupt refs entry");
+    uint8_t r[REFS_SIZE];
+    memcpy(r, v.mv_data, REFS_SIZE);
+    uint32_t n = get32(r);
+    if (n > 1) {
+        put32(r, n - 1);
+        MDB_val nv = {REFS_SIZE, r};
+        return body_rc(mdb_put(txn, s->refs, &k, &nv, 0), "write refs");
+    }
+    if ((rc = mdb_del(txn, s->refs, &k, NULL))) return body_rc(rc, "delete refs");
+    MDB_cursor *c;
+    if ((rc = mdb_cursor_open(txn, s->blobs, &c))) return body_rc(rc, "cursor");
+    uint8_t key[KEY_SIZE];
+    make_key(key, hash, 0);
+    MDB_val ck = {KEY_SIZE, key}, cv;
+    rc = mdb_cursor_get(c, &ck, &cv, MDB_SET_RANGE);
+    while (rc == 0 && ck.mv_size == KEY_SIZE && !memcmp(ck.mv_data, hash, 16)) {
+        if ((rc = mdb_cursor_del(c, 0))) break;
+        ck = (MDB_val){KEY_SIZE, key}; /* re-seek: no reliance on post-delete cursor state */
+        rc = mdb_cursor_get(c, &ck, &cv, MDB_SET_RANGE);
+    }
+    mdb_cursor_close(c);
+    return rc == MDB_NOTFOUND ? 0 : body_rc(rc, "delete records");
+}
+
+typedef struct {
+    const char *doc_id;
+    size_t id_len;
+    const uint8_t *hash;
+    const kvz_store_doc_info *info;
+    const kvz_store_rec *meta, *layers;
+    uint32_t n_layers;
+    const uint8_t *meta_fp; /* fingerprint inside the META record (when meta given) */
+    uint64_t bytes;
+    int status;
+} put_ctx;
+
+static int put_body(kvz_store *s, MDB_txn *txn, void *vctx)
+{
+    put_ctx *c = vctx;
+    int rc, err;
+    /* 1. one model per store */
+    MDB_val kf = {8, "model_fp"}, vf;
+    rc = mdb_get(txn, s->meta, &kf, &vf);
+    if (rc && rc != MDB_NOTFOUND) return body_rc(rc, "read model_fp");
+    if (c->meta_fp) {
+        const uint8_t *want = rc == 0 ? vf.mv_data : s->have_open_fp ? s->open_fp : NULL;
+        if (rc == 0 && vf.mv_size != 16) return kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: corrupt model_fp");
+        if (want && memcmp(want, c->meta_fp, 16)) {
+            char a[33], b[33];
+            hex16(c->meta_fp, a);
+            hex16(want, b);
+            return kvz_error_set(KVZ_ERR_MODEL, "kvz_store: blob made by model %s, store holds "
+                                 "model %s", a, b);
+        }
+        if (rc == MDB_NOTFOUND) {
+            MDB_val nv = {16, (void *)c->meta_fp};
+            if ((err = body_rc(mdb_put(txn, s->meta, &kf, &nv, 0), "write model_fp"))) return err;
+        }
+    }
+    /* 2. where does the name point now? */
+    MDB_val kd = {c->id_len, (void *)c->doc_id}, vd;
+    kvz_store_doc_info old;
+    int have_old = 0;
+    rc = mdb_get(txn, s->docs, &kd, &vd);
+    if (rc == 0) {
+        if ((err = info_decode(&vd, &old))) return err;
+        have_old = 1;
+    } else if (rc != MDB_NOTFOUND) {
+        return body_rc(rc, "read docs");
+    }
+    kvz_store_doc_info ni = *c->info;
+    memcpy(ni.hash, c->hash, 16);
+    if (!ni.ingest_time) ni.ingest_time = (int64_t)time(NULL);
+    if (have_old && !memcmp(old.hash, c->hash, 16)) {
+        if (!strncmp(old.source_path, ni.source_path, KVZ_STORE_SOURCE_MAX)) {
+            c->status = KVZ_STORE_UNCHANGED;
+            return NOOP_INTERNAL;
+        }
+        ni.n_records = old.n_records;
+        ni.bytes_stored = old.bytes_stored;
+        c->status = KVZ_STORE_INFO_UPDATED;
+    } else {
+        /* 3. the records: reuse or write */
+        MDB_val kr = {16, (void *)c->hash}, vr;
+        rc = mdb_get(txn, s->refs, &kr, &vr);
+        uint8_t r[REFS_SIZE];
+        if (rc == 0) {
+            if (vr.mv_size != REFS_SIZE) return kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: corrupt refs entry");
+            memcpy(r, vr.mv_data, REFS_SIZE);
+            put32(r, get32(r) + 1);
+            c->status = KVZ_STORE_LINKED;
+        } else if (rc == MDB_NOTFOUND) {
+            if (!c->meta) return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: hash not stored, "
+                                               "nothing to link");
+            for (uint32_t i = 0; i <= c->n_layers; i++) {
+                uint8_t key[KEY_SIZE];
+                const kvz_store_rec *rec = i == 0 ? c->meta : &c->layers[i - 1];
+                make_key(key, c->hash, i == 0 ? KVZ_BLOB_META_LAYER : i - 1);
+                MDB_val k = {KEY_SIZE, key}, v = {rec->len, (void *)rec->data};
+                if ((err = body_rc(mdb_put(txn, s->blobs, &k, &v, 0), "write record"))) return err;
+            }
+            put32(r, 1);
+            put32(r + 4, c->n_layers + 1);
+            put64(r + 8, c->bytes);
+            c->status = KVZ_STORE_WRITTEN;
+        } else {
+            return body_rc(rc, "read refs");
+        }
+        MDB_val nr = {REFS_SIZE, r};
+        if ((err = body_rc(mdb_put(txn, s->refs, &kr, &nr, 0), "write refs"))) return err;
+        ni.n_records = get32(r + 4);
+        ni.bytes_stored = get64(r + 8);
+    }
+    /* 4. the name */
+    uint8_t *ib = malloc(INFO_FIXED + KVZ_STORE_SOURCE_MAX);
+    if (!ib) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: put");
+    MDB_val nv = {info_encode(&ni, ib), ib};
+    err = body_rc(mdb_put(txn, s->docs, &kd, &nv, 0), "write docs");
+    free(ib);
+    if (err) return err;
+    /* 5. release what the name pointed at before */
+    if (have_old && c->status != KVZ_STORE_INFO_UPDATED) return unref(s, txn, old.hash);
+    return 0;
+}
+
+int kvz_store_put_doc(kvz_store *s, const char *doc_id, const uint8_t hash[16],
+                      const kvz_store_doc_info *info, const kvz_store_rec *meta,
+                      const kvz_store_rec *layers, uint32_t n_layers, int *status)
+{
+    if (status) *status = 0;
+    size_t id_len = 0;
+    int err;
+    if (!s || !hash || !info) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    if ((err = check_doc_id(doc_id, &id_len))) return err;
+    if (!memchr(info->source_path, 0, KVZ_STORE_SOURCE_MAX))
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_store: source path not NUL-terminated");
+    put_ctx c = {doc_id, id_len, hash, info, meta, layers, n_layers, NULL, 0, 0};
+    kvz_blob_meta m = {0};
+    if (meta) {
+        /* verify the whole blob before touching the store */
+        if ((err = kvz_blob_decode_meta(meta->data, meta->len, NULL, &m))) return err;
+        if (n_layers != m.n_layer || !layers) {
+            err = kvz_error_set(KVZ_ERR_ARG, "kvz_store: %u layer records for a %u-layer blob",
+                                n_layers, m.n_layer);
+            goto out;
+        }
+        uint64_t id = kvz_blob_meta_id(&m);
+        c.bytes = meta->len;
+        for (uint32_t l = 0; l < n_layers; l++) {
+            kvz_blob_info bi;
+            if (!layers[l].data) { err = kvz_error_set(KVZ_ERR_ARG, "kvz_store: layer %u NULL", l); goto out; }
+            if ((err = kvz_blob_check(layers[l].data, layers[l].len, &bi))) goto out;
+            if (bi.kind != KVZ_BLOB_KIND_LAYER || bi.layer != l || bi.blob_id != id ||
+                bi.raw_size != kvz_blob_layer_raw_size(&m, l)) {
+                err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: record %u is not layer %u of this blob",
+                                    l, l);
+                goto out;
+            }
+            c.bytes += layers[l].len;
+        }
+        c.meta_fp = m.fingerprint;
+    } else if (layers || n_layers) {
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_store: layer records without a META record");
+    }
+    err = run_write(s, put_body, &c, c.bytes + INFO_FIXED + KVZ_STORE_SOURCE_MAX + 64 * 1024);
+    if (!err && status) *status = c.status;
+out:
+    kvz_blob_meta_free(&m);
+    return err;
+}
+
+typedef struct { const char *doc_id; size_t id_len; } del_ctx;
+
+static int del_body(kvz_store *s, MDB_txn *txn, void *vctx)
+{
+    del_ctx *c = vctx;
+    MDB_val k = {c->id_len, (void *)c->doc_id}, v;
+    int rc = mdb_get(txn, s->docs, &k, &v);
+    if (rc == MDB_NOTFOUND) return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: no doc '%s'", c->doc_id);
+    if (rc) return body_rc(rc, "read docs");
+    kvz_store_doc_info old;
+    int err = info_decode(&v, &old);
+    if (err) return err;
+    if ((rc = mdb_del(txn, s->docs, &k, NULL))) return body_rc(rc, "delete doc");
+    return unref(s, txn, old.hash);
+}
+
+int kvz_store_delete_doc(kvz_store *s, const char *doc_id)
+{
+    size_t n = 0;
+    int err;
+    if (!s) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL store");
+    if ((err = check_doc_id(doc_id, &n))) return err;
+    del_ctx c = {doc_id, n};
+    return run_write(s, del_body, &c, 1 << 20);
+}
+
+/* ========================================================================= */
+/* Reads                                                                       */
+
+int kvz_store_read_begin(kvz_store *s, kvz_store_read **out)
+{
+    if (!s || !out) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    *out = NULL;
+    kvz_store_read *r = malloc(sizeof *r);
+    if (!r) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: read_begin");
+    for (int attempt = 0; attempt < 8; attempt++) {
+        pthread_rwlock_rdlock(&s->lock);
+        int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &r->txn);
+        if (rc == 0) {
+            r->s = s;
+            *out = r;
+            return 0; /* the shared lock is held until read_end */
+        }
+        pthread_rwlock_unlock(&s->lock);
+        int err = rc == MDB_MAP_RESIZED ? adopt_mapsize(s) : lmdb_err(rc, "begin read txn");
+        if (err) { free(r); return err; }
+    }
+    free(r);
+    return kvz_error_set(KVZ_ERR_BUSY, "kvz_store: map keeps being resized");
+}
+
+void kvz_store_read_end(kvz_store_read *r)
+{
+    if (!r) return;
+    mdb_txn_abort(r->txn);
+    pthread_rwlock_unlock(&r->s->lock);
+    free(r);
+}
+
+int kvz_store_read_doc(kvz_store_read *r, const char *doc_id, kvz_store_doc_info *info)
+{
+    size_t n = 0;
+    int err;
+    if (!r || !info) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    if ((err = check_doc_id(doc_id, &n))) return err;
+    MDB_val k = {n, (void *)doc_id}, v;
+    int rc = mdb_get(r->txn, r->s->docs, &k, &v);
+    if (rc == MDB_NOTFOUND) return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: no doc '%s'", doc_id);
+    if (rc) return lmdb_err(rc, "read docs");
+    return info_decode(&v, info);
+}
+
+static int read_record(kvz_store_read *r, const uint8_t hash[16], uint32_t index,
+                       const uint8_t **rec, size_t *len)
+{
+    if (!r || !hash || !rec || !len) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    *rec = NULL;
+    *len = 0;
+    uint8_t key[KEY_SIZE];
+    make_key(key, hash, index);
+    MDB_val k = {KEY_SIZE, key}, v;
+    int rc = mdb_get(r->txn, r->s->blobs, &k, &v);
+    if (rc == MDB_NOTFOUND) {
+        char hx[33];
+        hex16(hash, hx);
+        return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: no record %08x of blob %s", index, hx);
+    }
+    if (rc) return lmdb_err(rc, "read record");
+    kvz_blob_info bi;
+    int err = kvz_blob_check(v.mv_data, v.mv_size, &bi);
+    if (err) return err;
+    if (bi.layer != index)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: record %08x holds layer %08x", index, bi.layer);
+    *rec = v.mv_data;
+    *len = v.mv_size;
+    return 0;
+}
+
+int kvz_store_read_meta(kvz_store_read *r, const uint8_t hash[16], const uint8_t **rec, size_t *len)
+{
+    return read_record(r, hash, KVZ_BLOB_META_LAYER, rec, len);
+}
+
+int kvz_store_read_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l,
+                         const uint8_t **rec, size_t *len)
+{
+    if (l == KVZ_BLOB_META_LAYER) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: bad layer index");
+    return read_record(r, hash, l, rec, len);
+}
+
+int kvz_store_lookup(kvz_store *s, const char *doc_id, kvz_store_doc_info *info)
+{
+    kvz_store_read *r;
+    int err = kvz_store_read_begin(s, &r);
+    if (err) return err;
+    err = kvz_store_read_doc(r, doc_id, info);
+    kvz_store_read_end(r);
+    return err;
+}
+
+int kvz_store_has_hash(kvz_store *s, const uint8_t hash[16])
+{
+    if (!hash) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL hash");
+    kvz_store_read *r;
+    int err = kvz_store_read_begin(s, &r);
+    if (err) return err;
+    MDB_val k = {16, (void *)hash}, v;
+    int rc = mdb_get(r->txn, s->refs, &k, &v);
+    kvz_store_read_end(r);
+    if (rc == MDB_NOTFOUND) return 0;
+    return rc ? lmdb_err(rc, "read refs") : 1;
+}
+
+int kvz_store_list(kvz_store *s,
+                   int (*cb)(void *user, const char *doc_id, const kvz_store_doc_info *info),
+                   void *user)
+{
+    if (!cb) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL callback");
+    kvz_store_read *r;
+    int err = kvz_store_read_begin(s, &r);
+    if (err) return err;
+    MDB_cursor *c;
+    int rc = mdb_cursor_open(r->txn, s->docs, &c);
+    if (rc) { kvz_store_read_end(r); return lmdb_err(rc, "cursor"); }
+    kvz_store_doc_info *info = malloc(sizeof *info);
+    char id[KVZ_STORE_DOC_ID_MAX + 1];
+    MDB_val k, v;
+    if (!info) err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: list");
+    for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); !err && rc == 0;
+         rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+        if (k.mv_size > KVZ_STORE_DOC_ID_MAX) { err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: doc id too long"); break; }
+        memcpy(id, k.mv_data, k.mv_size);
+        id[k.mv_size] = 0;
+        if ((err = info_decode(&v, info))) break;
+        if ((err = cb(user, id, info))) break;
+    }
+    if (!err && rc && rc != MDB_NOTFOUND) err = lmdb_err(rc, "list docs");
+    free(info);
+    mdb_cursor_close(c);
+    kvz_store_read_end(r);
+    return err;
+}
+
+int kvz_store_stats_get(kvz_store *s, kvz_store_stats *st)
+{
+    if (!s || !st) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    memset(st, 0, sizeof *st);
+    kvz_store_read *r;
+    int err = kvz_store_read_begin(s, &r);
+    if (err) return err;
+    MDB_stat ms;
+    int rc = mdb_stat(r->txn, s->docs, &ms);
+    if (!rc) { st->n_docs = ms.ms_entries; rc = mdb_stat(r->txn, s->refs, &ms); }
+    if (!rc) { st->n_blobs = ms.ms_entries; rc = mdb_stat(r->txn, s->blobs, &ms); }
+    if (!rc) st->n_records = ms.ms_entries;
+    MDB_cursor *c = NULL;
+    if (!rc) rc = mdb_cursor_open(r->txn, s->refs, &c);
+    if (!rc) {
+        MDB_val k, v;
+        for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT))
+            if (v.mv_size == REFS_SIZE) st->bytes_records += get64((const uint8_t *)v.mv_data + 8);
+        if (rc == MDB_NOTFOUND) rc = 0;
+        mdb_cursor_close(c);
+    }
+    MDB_val kf = {8, "model_fp"}, vf;
+    if (!rc && mdb_get(r->txn, s->meta, &kf, &vf) == 0 && vf.mv_size == 16) {
+        st->has_model = 1;
+        memcpy(st->model_fp, vf.mv_data, 16);
+    }
+    kvz_store_read_end(r);
+    if (rc) return lmdb_err(rc, "stats");
+    MDB_envinfo ei;
+    MDB_stat es;
+    mdb_env_info(s->env, &ei);
+    mdb_env_stat(s->env, &es);
+    st->map_size = ei.me_mapsize;
+    st->page_size = es.ms_psize;
+    st->map_used = (uint64_t)(ei.me_last_pgno + 1) * es.ms_psize;
+    st->last_txnid = ei.me_last_txnid;
+    return 0;
+}

@@ -1,0 +1,235 @@
+/**
+ * @file kvz_store.h
+ * @brief LMDB store of compressed KV blobs, keyed by content hash, named by doc id.
+ *
+ * A store is a directory holding one LMDB environment (data.mdb, lock.mdb) with
+ * four named databases (byte layout: docs/FORMAT.md §6):
+ *   - "blobs": hash[16] || u32 BE record index -> one KVZB record (format/kvz_blob.h).
+ *              Index = the record's layer, 0xFFFFFFFF for the META record.
+ *   - "refs":  hash[16] -> refcount, record count, stored bytes (how many doc ids
+ *              point at the blob; the blob is deleted when it drops to 0).
+ *   - "docs":  doc id (1..511 bytes, no NUL) -> doc info (kvz_store_doc_info).
+ *   - "meta":  "format_version" (u32 LE), "created_by" (text), "model_fp" (16 bytes,
+ *              set by the first put_doc).
+ * A store holds blobs of exactly one model: opening it with another fingerprint,
+ * or putting a blob made by another model, fails with KVZ_ERR_MODEL.
+ *
+ * Transactions and concurrency
+ *   - Every write (put_doc, delete_doc) is exactly one LMDB write transaction:
+ *     a process killed at any moment leaves the store as it was before or after
+ *     that call, never in between (LMDB's copy-on-write + fsync at commit).
+ *   - LMDB serialises writers, within a process and across processes: a second
+ *     writer blocks in its write call until the first commits or aborts. Readers
+ *     never block and are never blocked by the writer.
+ *   - The environment is opened with MDB_NOTLS: a read transaction
+ *     (kvz_store_read) is not bound to the thread that began it, but must be
+ *     used by one thread at a time.
+ *   - A kvz_store handle may be shared by any number of threads.
+ *   - Map growth: on MDB_MAP_FULL the write transaction is aborted, the map
+ *     doubled (at least; capped by the max map size, default 1 TiB) and the
+ *     whole transaction retried. Growing needs every transaction of *this
+ *     process* on the store to be finished, so it waits for open read
+ *     transactions of this process (up to 60 s, then KVZ_ERR_BUSY). Do not hold
+ *     a kvz_store_read on the calling thread while writing.
+ *   - Stale reader slots of killed processes are cleared at open.
+ *
+ * Errors: 0 or a negative KVZ_ERR_*; LMDB/errno codes are kept in
+ * kvz_error_detail(). Nothing prints or exits.
+ */
+#ifndef KVZ_STORE_H
+#define KVZ_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVZ_STORE_VERSION 1u              /**< value of meta "format_version" */
+#define KVZ_STORE_SOURCE_MAX 4096         /**< source_path buffer, incl. NUL */
+#define KVZ_STORE_DOC_ID_MAX 511          /**< max doc id bytes (LMDB key limit) */
+#define KVZ_STORE_DEFAULT_MAP (64ull << 20)
+#define KVZ_STORE_DEFAULT_MAX_MAP (1ull << 40)
+
+/** Open flags. */
+enum {
+    KVZ_STORE_CREATE = 1u,   /**< create the directory / databases if missing */
+    KVZ_STORE_READONLY = 2u, /**< read-only environment: writes return KVZ_ERR_ARG */
+};
+
+/** What kvz_store_put_doc() did (its *status). */
+enum {
+    KVZ_STORE_WRITTEN = 1,   /**< new records written, name points at them */
+    KVZ_STORE_LINKED = 2,    /**< records of that hash already stored: only the name changed */
+    KVZ_STORE_UNCHANGED = 3, /**< name already pointed at that hash with the same source path:
+                                  nothing written (no transaction committed) */
+    KVZ_STORE_INFO_UPDATED = 4, /**< same hash, other source path: only the doc info rewritten */
+};
+
+typedef struct kvz_store kvz_store;           /**< opaque store handle */
+typedef struct kvz_store_read kvz_store_read; /**< opaque read transaction */
+
+/** One document's entry in "docs". */
+typedef struct kvz_store_doc_info {
+    uint8_t hash[16];                       /**< content hash (kvz_blob_content_hash) */
+    char source_path[KVZ_STORE_SOURCE_MAX]; /**< NUL-terminated, may be "" */
+    uint64_t n_tokens;                      /**< tokens of the document (prefix + context) */
+    float ratio;                            /**< kept ratio it was ingested with */
+    uint8_t mode;                           /**< kvz_blob_mode */
+    uint32_t n_records;     /**< set by put_doc: 1 + n_layer */
+    uint64_t bytes_stored;  /**< set by put_doc: sum of record bytes (compressed) */
+    uint64_t bytes_kv_full; /**< uncompressed bytes of the full cache (caller's figure) */
+    uint64_t bytes_kv_kept; /**< uncompressed bytes of the kept pairs (caller's figure) */
+    int64_t ingest_time;    /**< unix seconds; 0 on input = now */
+} kvz_store_doc_info;
+
+/** One record to store: bytes from kvz_blob_encode_*(). Read only; not retained. */
+typedef struct kvz_store_rec {
+    const uint8_t *data;
+    size_t len;
+} kvz_store_rec;
+
+/** kvz_store_stats() output. */
+typedef struct kvz_store_stats {
+    uint64_t n_docs;        /**< entries in "docs" */
+    uint64_t n_blobs;       /**< distinct content hashes stored */
+    uint64_t n_records;     /**< entries in "blobs" */
+    uint64_t bytes_records; /**< sum of stored record bytes */
+    uint64_t map_size;      /**< current LMDB map size, bytes */
+    uint64_t map_used;      /**< pages in use x page size */
+    uint32_t page_size;
+    uint64_t last_txnid;    /**< id of the last committed write transaction */
+    int has_model;          /**< 1 when model_fp is recorded */
+    uint8_t model_fp[16];   /**< valid when has_model */
+} kvz_store_stats;
+
+/* ------------------------------------------------------------------------- */
+/* Open / close                                                                */
+
+/**
+ * Open (or with KVZ_STORE_CREATE create) the store in directory @p dir.
+ * @param flags     KVZ_STORE_CREATE and/or KVZ_STORE_READONLY.
+ * @param map_size  initial LMDB map size in bytes (0: KVZ_STORE_DEFAULT_MAP); an
+ *                  existing store larger than this keeps its size. Grows on demand.
+ * @param fp        model fingerprint of the caller (16 bytes) or NULL (no check;
+ *                  e.g. listing tools). Checked against the recorded model.
+ * @param out       out: handle, release with kvz_store_close().
+ * @return 0; KVZ_ERR_ARG (NULL/flags); KVZ_ERR_NOTFOUND (no store there and no
+ *         CREATE, or READONLY on a missing store); KVZ_ERR_IO (mkdir/permissions,
+ *         errno in detail); KVZ_ERR_FORMAT (an LMDB file that is not a kvzip
+ *         store, or not LMDB at all); KVZ_ERR_VERSION (other store/LMDB format
+ *         version); KVZ_ERR_MODEL (store holds another model's blobs: both
+ *         fingerprints in detail); KVZ_ERR_FULL; KVZ_ERR_LMDB; KVZ_ERR_NOMEM.
+ */
+int kvz_store_open(const char *dir, unsigned flags, uint64_t map_size, const uint8_t *fp,
+                   kvz_store **out);
+
+/** Close the handle. Every kvz_store_read must have ended. NULL-safe. */
+void kvz_store_close(kvz_store *s);
+
+/** Cap for map growth (default KVZ_STORE_DEFAULT_MAX_MAP). Not thread-safe against writers. */
+void kvz_store_set_max_map(kvz_store *s, uint64_t max_bytes);
+
+/* ------------------------------------------------------------------------- */
+/* Writes (each one LMDB write transaction; blocks while another writer runs)  */
+
+/**
+ * Store a document: in ONE write transaction, write the blob's records unless
+ * its hash is already stored, point @p doc_id at @p hash, and if @p doc_id
+ * pointed at another hash, drop that reference (deleting the old records when
+ * no doc id references them any more).
+ *
+ * Records are verified before anything is written: the META record decodes, its
+ * model is the store's (KVZ_ERR_MODEL), there is one LAYER record per layer, in
+ * order, each intact and belonging to that META.
+ *
+ * @param doc_id  1..KVZ_STORE_DOC_ID_MAX bytes, NUL-terminated.
+ * @param hash    content hash of the blob.
+ * @param info    doc info; hash, n_records and bytes_stored are ignored (set by
+ *                the store); ingest_time 0 means now. source_path must be NUL-terminated.
+ * @param meta    the META record, or NULL to link @p doc_id to an already
+ *                stored @p hash (then @p layers must be NULL / n_layers 0).
+ * @param layers  n_layers LAYER records, layer 0 first.
+ * @param status  out (may be NULL): KVZ_STORE_WRITTEN / LINKED / UNCHANGED / INFO_UPDATED.
+ * @return 0; KVZ_ERR_ARG (bad arguments, READONLY store, doc id too long);
+ *         kvz_blob_check/kvz_blob_decode_meta errors for a bad record
+ *         (KVZ_ERR_FORMAT, KVZ_ERR_CHECKSUM, ...); KVZ_ERR_MODEL;
+ *         KVZ_ERR_NOTFOUND (meta NULL and hash not stored); KVZ_ERR_FULL (map
+ *         cannot grow further, or the disk is full: store unchanged);
+ *         KVZ_ERR_BUSY (growth waited too long for this process's readers);
+ *         KVZ_ERR_LMDB; KVZ_ERR_NOMEM.
+ */
+int kvz_store_put_doc(kvz_store *s, const char *doc_id, const uint8_t hash[16],
+                      const kvz_store_doc_info *info, const kvz_store_rec *meta,
+                      const kvz_store_rec *layers, uint32_t n_layers, int *status);
+
+/**
+ * Remove @p doc_id (one write transaction); its blob's records go too when no
+ * other doc id references them.
+ * @return 0; KVZ_ERR_NOTFOUND; KVZ_ERR_ARG; KVZ_ERR_FULL; KVZ_ERR_BUSY; KVZ_ERR_LMDB.
+ */
+int kvz_store_delete_doc(kvz_store *s, const char *doc_id);
+
+/* ------------------------------------------------------------------------- */
+/* Reads with an implicit short read transaction                              */
+
+/** Doc info of @p doc_id. @return 0; KVZ_ERR_NOTFOUND; KVZ_ERR_ARG; KVZ_ERR_FORMAT
+ *  / KVZ_ERR_VERSION (corrupt entry); KVZ_ERR_LMDB. */
+int kvz_store_lookup(kvz_store *s, const char *doc_id, kvz_store_doc_info *info);
+
+/** 1 if records of @p hash are stored, 0 if not, negative KVZ_ERR_* on failure. */
+int kvz_store_has_hash(kvz_store *s, const uint8_t hash[16]);
+
+/**
+ * Call @p cb for every doc, in doc id byte order, inside one read transaction.
+ * @p cb gets a NUL-terminated doc id and its info (both valid during the call
+ * only); returning nonzero stops the walk and kvz_store_list returns that value.
+ * @p cb must not write to the same store.
+ * @return 0, the callback's nonzero value, or a negative KVZ_ERR_*.
+ */
+int kvz_store_list(kvz_store *s,
+                   int (*cb)(void *user, const char *doc_id, const kvz_store_doc_info *info),
+                   void *user);
+
+/** Counts and sizes (see kvz_store_stats). @return 0 or KVZ_ERR_LMDB. */
+int kvz_store_stats_get(kvz_store *s, kvz_store_stats *st);
+
+/* ------------------------------------------------------------------------- */
+/* Streaming reads: an explicit read transaction                              */
+
+/**
+ * Begin a read transaction: a consistent snapshot until kvz_store_read_end().
+ * @return 0; KVZ_ERR_BUSY; KVZ_ERR_LMDB (e.g. MDB_READERS_FULL); KVZ_ERR_NOMEM.
+ */
+int kvz_store_read_begin(kvz_store *s, kvz_store_read **r);
+
+/** End the read transaction. Every pointer obtained through @p r dies here. NULL-safe. */
+void kvz_store_read_end(kvz_store_read *r);
+
+/** kvz_store_lookup() inside @p r's snapshot. Same errors. */
+int kvz_store_read_doc(kvz_store_read *r, const char *doc_id, kvz_store_doc_info *info);
+
+/**
+ * The META record of @p hash, verified with kvz_blob_check() (framing + record
+ * checksum; the payload is checked when decoded).
+ * @param rec,len  out: points into the LMDB map — read only, VALID ONLY UNTIL
+ *                 kvz_store_read_end(r). Decode it with kvz_blob_decode_meta().
+ * @return 0; KVZ_ERR_NOTFOUND; KVZ_ERR_CHECKSUM / KVZ_ERR_TRUNCATED /
+ *         KVZ_ERR_FORMAT / KVZ_ERR_VERSION (corrupt record); KVZ_ERR_LMDB.
+ */
+int kvz_store_read_meta(kvz_store_read *r, const uint8_t hash[16], const uint8_t **rec,
+                        size_t *len);
+
+/**
+ * LAYER record @p l of @p hash, verified like kvz_store_read_meta() (and that
+ * it is layer @p l). Pointer VALID ONLY UNTIL kvz_store_read_end(r).
+ * Decode with kvz_blob_decode_layer(). Same errors as kvz_store_read_meta().
+ */
+int kvz_store_read_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l,
+                         const uint8_t **rec, size_t *len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVZ_STORE_H */
