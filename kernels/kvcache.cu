@@ -1,0 +1,181 @@
+/* Writes into the head-major KV cache. Rows are hd bf16 = hd/8 16-byte vectors. */
+#include "kvcache.cuh"
+
+typedef uint4 vec16; /* 8 bf16 */
+
+/* grid (T, n_kv); block copies one row of K and V. */
+__global__ void kv_append_kernel(kvz_cuda_kv kv, int T, const bf16 *__restrict__ kn, int ldk,
+                                 const bf16 *__restrict__ vn, int ldv, const int32_t *__restrict__ pos)
+{
+    int t = blockIdx.x, h = blockIdx.y;
+    int row = kv.len[h] + t;
+    if (row >= kv.cap) return;
+    size_t dst = ((size_t)h * kv.cap + row) * kv.hd;
+    const bf16 *ks = kn + (size_t)t * ldk + (size_t)h * kv.hd;
+    const bf16 *vs = vn + (size_t)t * ldv + (size_t)h * kv.hd;
+    bf16 *kd = (bf16 *)kv.k + dst, *vd = (bf16 *)kv.v + dst;
+    for (int i = threadIdx.x; i < kv.hd; i += blockDim.x) { kd[i] = ks[i]; vd[i] = vs[i]; }
+    if (threadIdx.x == 0) kv.pos[(size_t)h * kv.cap + row] = pos[t];
+}
+
+__global__ void kv_bump_kernel(int32_t *len, int n_kv, int T, int cap)
+{
+    int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h < n_kv) len[h] = min(len[h] + T, cap);
+}
+
+extern "C" int kvz_cuda_kv_append(cudaStream_t s, const kvz_cuda_kv *kv, int T, const void *k_new,
+                                  int ldk, const void *v_new, int ldv, const int32_t *pos)
+{
+    KVZ_ARG(kv && kv->k && kv->v && kv->pos && kv->len && kv->n_kv > 0 && kv->cap > 0 && kv->hd > 0);
+    KVZ_ARG(k_new && v_new && pos && T >= 0 && ldk >= kv->n_kv * kv->hd && ldv >= kv->n_kv * kv->hd);
+    if (T == 0) return 0;
+    KVZ_ARG(kv->n_kv <= 65535);
+    kv_append_kernel<<<dim3(T, kv->n_kv), 64, 0, s>>>(*kv, T, (const bf16 *)k_new, ldk,
+                                                      (const bf16 *)v_new, ldv, pos);
+    KVZ_LAUNCH_CHECK("kv_append");
+    kv_bump_kernel<<<(kv->n_kv + 127) / 128, 128, 0, s>>>(kv->len, kv->n_kv, T, kv->cap);
+    KVZ_LAUNCH_CHECK("kv_bump");
+    return 0;
+}
+
+/* grid (T, n_kv). */
+__global__ void outbuf_write_kernel(kvz_cuda_outbuf ob, int hd, const bf16 *__restrict__ kn, int ldk,
+                                    const bf16 *__restrict__ vn, int ldv,
+                                    const int32_t *__restrict__ pos, int slot0, const int32_t *d_slot)
+{
+    int t = blockIdx.x, h = blockIdx.y;
+    int slot = slot0 >= 0 ? slot0 + t : *d_slot;
+    if (slot < 0 || slot >= ob.n_slot) return;
+    size_t dst = ((size_t)h * ob.n_slot + slot) * hd;
+    const bf16 *ks = kn + (size_t)t * ldk + (size_t)h * hd;
+    const bf16 *vs = vn + (size_t)t * ldv + (size_t)h * hd;
+    bf16 *kd = (bf16 *)ob.k + dst, *vd = (bf16 *)ob.v + dst;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) { kd[i] = ks[i]; vd[i] = vs[i]; }
+    if (threadIdx.x == 0 && h == 0) ob.slot_pos[slot] = pos[t];
+}
+
+extern "C" int kvz_cuda_outbuf_write(cudaStream_t s, const kvz_cuda_outbuf *ob, int n_kv, int hd,
+                                     int T, const void *k_new, int ldk, const void *v_new, int ldv,
+                                     const int32_t *pos, int slot, const int32_t *d_slot)
+{
+    KVZ_ARG(ob && ob->k && ob->v && ob->slot_pos && ob->n_slot > 0 && n_kv > 0 && hd > 0);
+    KVZ_ARG(k_new && v_new && pos && T >= 0 && ldk >= n_kv * hd && ldv >= n_kv * hd);
+    KVZ_ARG(slot >= 0 ? slot + T <= ob->n_slot : (d_slot != NULL && T <= 1));
+    if (T == 0) return 0;
+    outbuf_write_kernel<<<dim3(T, n_kv), 64, 0, s>>>(*ob, hd, (const bf16 *)k_new, ldk,
+                                                     (const bf16 *)v_new, ldv, pos, slot, d_slot);
+    KVZ_LAUNCH_CHECK("outbuf_write");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- compaction */
+#define COMPACT_CHUNK 1024
+
+/* grid (ceil(n_ctx/CHUNK), n_kv), 256 threads. Each block recounts the kept rows of
+ * the preceding chunks (a few KB of uint8), scans its own chunk, and copies rows.
+ * Block x == 0 also copies the prefix rows and writes dst len. */
+__global__ void kv_compact_kernel(kvz_cuda_kv src, kvz_cuda_kv dst, int n_prefix, int n_ctx,
+                                  const uint8_t *__restrict__ keep)
+{
+    __shared__ int s_base;
+    __shared__ int s_idx[COMPACT_CHUNK];
+    __shared__ int s_wsum[8];
+    int h = blockIdx.y, c0 = blockIdx.x * COMPACT_CHUNK;
+    const uint8_t *kr = keep + (size_t)h * n_ctx;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+
+    int cnt = 0;
+    for (int i = threadIdx.x; i < c0; i += blockDim.x) cnt += kr[i] != 0;
+    cnt = (int)kvz_block_sum((float)cnt); /* exact below 2^24 */
+    if (threadIdx.x == 0) s_base = n_prefix + cnt;
+    __syncthreads();
+
+    /* exclusive scan of this chunk: 256 threads × 4 entries */
+    int c_end = min(c0 + COMPACT_CHUNK, n_ctx);
+    int f[4], sum = 0;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int c = c0 + threadIdx.x * 4 + e;
+        f[e] = c < c_end && kr[c] != 0;
+        sum += f[e];
+    }
+    int incl = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    if (lane == 31) s_wsum[w] = incl;
+    __syncthreads();
+    int woff = 0;
+    for (int i = 0; i < w; i++) woff += s_wsum[i];
+    int run = s_base + woff + incl - sum;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        s_idx[threadIdx.x * 4 + e] = f[e] ? run : -1;
+        run += f[e];
+    }
+    if (blockIdx.x == gridDim.x - 1 && threadIdx.x == blockDim.x - 1)
+        dst.len[h] = min(run, dst.cap);
+    __syncthreads();
+
+    int vpr = src.hd / 8; /* 16-byte vectors per row */
+    const vec16 *sk = (const vec16 *)src.k + (size_t)h * src.cap * vpr;
+    const vec16 *sv = (const vec16 *)src.v + (size_t)h * src.cap * vpr;
+    vec16 *dk = (vec16 *)dst.k + (size_t)h * dst.cap * vpr;
+    vec16 *dv = (vec16 *)dst.v + (size_t)h * dst.cap * vpr;
+    int n_here = c_end - c0;
+    for (int i = threadIdx.x; i < n_here * vpr; i += blockDim.x) {
+        int r = i / vpr, c = i % vpr;
+        int d = s_idx[r];
+        if (d < 0 || d >= dst.cap) continue;
+        int sr = n_prefix + c0 + r;
+        dk[(size_t)d * vpr + c] = sk[(size_t)sr * vpr + c];
+        dv[(size_t)d * vpr + c] = sv[(size_t)sr * vpr + c];
+        if (c == 0) dst.pos[(size_t)h * dst.cap + d] = src.pos[(size_t)h * src.cap + sr];
+    }
+    if (blockIdx.x == 0) {
+        int np = min(n_prefix, dst.cap);
+        for (int i = threadIdx.x; i < np * vpr; i += blockDim.x) {
+            int r = i / vpr, c = i % vpr;
+            dk[(size_t)r * vpr + c] = sk[(size_t)r * vpr + c];
+            dv[(size_t)r * vpr + c] = sv[(size_t)r * vpr + c];
+            if (c == 0) dst.pos[(size_t)h * dst.cap + r] = src.pos[(size_t)h * src.cap + r];
+        }
+    }
+}
+
+__global__ void kv_len_prefix_kernel(int32_t *len, int n_kv, int v)
+{
+    int h = blockIdx.x * blockDim.x + threadIdx.x;
+    if (h < n_kv) len[h] = v;
+}
+
+extern "C" int kvz_cuda_kv_compact(cudaStream_t s, const kvz_cuda_kv *src, int n_prefix, int n_ctx,
+                                   const uint8_t *keep, const kvz_cuda_kv *dst)
+{
+    KVZ_ARG(src && dst && src->k && src->v && src->pos && dst->k && dst->v && dst->pos && dst->len);
+    KVZ_ARG(src->n_kv == dst->n_kv && src->hd == dst->hd && src->hd % 8 == 0 && src->n_kv > 0);
+    KVZ_ARG(n_prefix >= 0 && n_ctx >= 0 && n_prefix + n_ctx <= src->cap && (keep || n_ctx == 0));
+    if (n_ctx == 0) {
+        /* prefix only: reuse the kernel with one empty chunk is awkward; copy directly */
+        size_t row = (size_t)src->hd * sizeof(bf16);
+        int np = n_prefix < dst->cap ? n_prefix : dst->cap;
+        if (np > 0) {
+            KVZ_CUDA_TRY(cudaMemcpy2DAsync(dst->k, dst->cap * row, src->k, src->cap * row, np * row,
+                                           src->n_kv, cudaMemcpyDeviceToDevice, s));
+            KVZ_CUDA_TRY(cudaMemcpy2DAsync(dst->v, dst->cap * row, src->v, src->cap * row, np * row,
+                                           src->n_kv, cudaMemcpyDeviceToDevice, s));
+            KVZ_CUDA_TRY(cudaMemcpy2DAsync(dst->pos, dst->cap * 4, src->pos, src->cap * 4, np * 4,
+                                           src->n_kv, cudaMemcpyDeviceToDevice, s));
+        }
+        kv_len_prefix_kernel<<<(src->n_kv + 127) / 128, 128, 0, s>>>(dst->len, src->n_kv, np);
+        KVZ_LAUNCH_CHECK("kv_len_prefix");
+        return 0;
+    }
+    dim3 grid((n_ctx + COMPACT_CHUNK - 1) / COMPACT_CHUNK, src->n_kv);
+    kv_compact_kernel<<<grid, 256, 0, s>>>(*src, *dst, n_prefix, n_ctx, keep);
+    KVZ_LAUNCH_CHECK("kv_compact");
+    return 0;
+}

@@ -1,0 +1,297 @@
+/**
+ * @file kvz_cuda.h
+ * @brief C-callable CUDA kernels for the kvzip GPU model backend.
+ *
+ * Every function enqueues work on the caller's stream and returns 0 or a negative
+ * KVZ_ERR_* code (common/kvz_error.h):
+ *   - KVZ_ERR_ARG   a host-side argument is invalid (checked before any launch);
+ *   - KVZ_ERR_CUDA  a CUDA / cuBLAS call or a launch failed; kvz_error_detail()
+ *                   holds cudaGetErrorString() (or the cuBLAS status) and the call.
+ * Launch errors are caught with cudaGetLastError(); faults that happen while a
+ * kernel runs surface at the caller's next synchronisation, as with any CUDA code.
+ *
+ * Conventions
+ *   - All pointers to tensors are DEVICE pointers unless a parameter says "host".
+ *   - bf16 is `__nv_bfloat16` (2 bytes); the API passes it as void*.
+ *   - "ld" parameters are row strides in ELEMENTS (not bytes), so a tensor can be
+ *     a column slice of a wider fused output (e.g. q/k/v of one QKV GEMM).
+ *   - Activations: the residual stream is fp32 (T, d); everything that feeds a GEMM
+ *     or the KV cache is bf16. Norm weights are fp32 (tiny, keeps CPU parity).
+ *   - Functions hold no global state except kvz_cuda_blas handles; they are
+ *     thread-safe as long as two threads do not share a stream/handle concurrently.
+ *
+ * KV cache layout (one layer)                                   kvz_cuda_kv
+ *   K, V : (n_kv, cap, hd) bf16  — head h's rows start at h*cap; head h holds
+ *          len[h] rows (per-head variable-length segments, never re-padded).
+ *   pos  : (n_kv, cap) int32     — original token position of each row.
+ *   len  : (n_kv) int32 DEVICE   — rows in use per head.
+ *   Requirement: within one head, pos is non-decreasing along rows [0, len[h])
+ *   (true for appends in position order and for kvz_cuda_kv_compact, which keeps
+ *   order). Attention uses it to stop early on causal prefill.
+ *
+ * LongFlow output buffer (one layer)                           kvz_cuda_outbuf
+ *   K, V     : (n_kv, n_slot, hd) bf16 — same head-major layout as the cache, so
+ *              slot j of head h is row h*n_slot + j.
+ *   slot_pos : (n_slot) int32, -1 = empty; one slot index is shared by all heads.
+ *   Slots are not required to be position-sorted.
+ *
+ * Visibility everywhere: key visible to a query iff key_pos <= query_pos (and the
+ * row / slot is in use). Softmax scale is 1/sqrt(hd).
+ */
+#ifndef KVZ_CUDA_H
+#define KVZ_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Element type selector for the few tensors that may be either. */
+typedef enum kvz_cuda_dtype {
+    KVZ_CUDA_F32 = 0,  /**< float */
+    KVZ_CUDA_BF16 = 1, /**< __nv_bfloat16 */
+} kvz_cuda_dtype;
+
+/** RoPE pairing. */
+typedef enum kvz_cuda_rope_layout {
+    KVZ_ROPE_ADJACENT = 0, /**< rotate (x[2j], x[2j+1]) — llama GGUF (permuted Q/K rows) */
+    KVZ_ROPE_HALF = 1,     /**< rotate (x[j], x[j+hd/2]) — qwen2 / qwen3 (NeoX style) */
+} kvz_cuda_rope_layout;
+
+/** One layer's KV cache (see file comment). Plain struct passed by pointer; the
+ *  kernels copy it by value at launch, so it may live on the caller's stack. */
+typedef struct kvz_cuda_kv {
+    void *k;        /**< (n_kv, cap, hd) bf16 */
+    void *v;        /**< (n_kv, cap, hd) bf16 */
+    int32_t *pos;   /**< (n_kv, cap) int32 original positions */
+    int32_t *len;   /**< (n_kv) int32 device: rows in use per head */
+    int32_t n_kv;   /**< KV heads */
+    int32_t cap;    /**< rows allocated per head */
+    int32_t hd;     /**< head dim: 64 or 128 */
+} kvz_cuda_kv;
+
+/** One layer's LongFlow output buffer (see file comment). */
+typedef struct kvz_cuda_outbuf {
+    void *k;            /**< (n_kv, n_slot, hd) bf16 */
+    void *v;            /**< (n_kv, n_slot, hd) bf16 */
+    int32_t *slot_pos;  /**< (n_slot) int32, -1 = empty */
+    int32_t n_slot;     /**< B */
+    int32_t n_sink;     /**< slots [0, n_sink) are never evicted */
+} kvz_cuda_outbuf;
+
+/* ========================================================================== */
+/* Device                                                                     */
+
+/** Number of CUDA devices in @p n (0 when the driver/runtime reports none or fails).
+ *  Returns 0, or KVZ_ERR_NODEV when there is no usable device (detail says why). */
+int kvz_cuda_device_count(int *n);
+
+/* ========================================================================== */
+/* GEMM (cuBLAS)                                                              */
+
+typedef struct kvz_cuda_blas kvz_cuda_blas;
+
+/** Create a cuBLAS handle wrapper. KVZ_ERR_NOMEM, KVZ_ERR_CUDA. Not thread-safe
+ *  to share between threads calling concurrently. */
+int kvz_cuda_blas_create(kvz_cuda_blas **out);
+/** Destroy (NULL ok). */
+void kvz_cuda_blas_destroy(kvz_cuda_blas *b);
+
+/**
+ * Linear layer: y = x · Wᵀ + bias + beta·y, fp32 accumulate.
+ * @param x     (T, n_in) bf16, row stride ldx (>= n_in)
+ * @param w     (n_out, n_in) bf16 row-major (HF Linear / GGUF [in,out] bytes)
+ * @param bias  (n_out) fp32 or NULL (added by a separate small kernel)
+ * @param y     (T, n_out) of y_type (fp32 for the LM head or to accumulate into
+ *              the fp32 residual with beta = 1), row stride ldy (>= n_out)
+ * @param beta  0 to overwrite y, 1 to accumulate (residual add fused in the GEMM)
+ * Errors: KVZ_ERR_ARG (sizes, strides, odd alignment), KVZ_ERR_CUDA (cuBLAS status).
+ */
+int kvz_cuda_linear(kvz_cuda_blas *b, cudaStream_t s, int T, int n_in, int n_out,
+                    const void *x, int ldx, const void *w, const float *bias,
+                    void *y, kvz_cuda_dtype y_type, int ldy, float beta);
+
+/* ========================================================================== */
+/* Elementwise / row ops                                                      */
+
+/** Embedding gather: x[t] = table[ids[t]].
+ *  @param table (n_vocab, d) bf16; @param ids (T) int32 device;
+ *  @param x (T, d) of x_type. Ids outside [0, n_vocab) give a zero row. */
+int kvz_cuda_embed(cudaStream_t s, const void *table, int n_vocab, int d,
+                   const int32_t *ids, int T, void *x, kvz_cuda_dtype x_type);
+
+/**
+ * RMSNorm with optional fused residual add, fp32 accumulation:
+ *   if add: x += add (written back to x);  out = x / sqrt(mean(x²) + eps) · w
+ * @param x   (T, d) fp32 residual stream, in/out (row stride d)
+ * @param add (T, d) of add_type or NULL
+ * @param w   (d) fp32
+ * @param out (T, d) of out_type, or NULL to only do the add
+ */
+int kvz_cuda_rmsnorm(cudaStream_t s, int T, int d, float eps, float *x,
+                     const void *add, kvz_cuda_dtype add_type, const float *w,
+                     void *out, kvz_cuda_dtype out_type);
+
+/**
+ * RoPE in place on q and k, optionally preceded by the qwen3 per-head RMSNorm.
+ * @param q  (T, n_head, hd) bf16, row stride ldq (elements between tokens); NULL skips q
+ * @param k  (T, n_kv, hd) bf16, row stride ldk; NULL skips k
+ * @param pos (T) int32 device positions; angle = pos · theta^(-2j/hd), computed in fp64
+ * @param q_norm_w, k_norm_w (hd) fp32 or NULL: if given, x ← x/sqrt(mean(x²)+eps)·w
+ *        per head before rotating (qwen3).
+ * hd must be even and <= 256.
+ */
+int kvz_cuda_rope(cudaStream_t s, int T, int n_head, int n_kv, int hd, void *q, int ldq,
+                  void *k, int ldk, const int32_t *pos, float theta,
+                  kvz_cuda_rope_layout layout, const float *q_norm_w,
+                  const float *k_norm_w, float eps);
+
+/** SwiGLU: out = silu(gate) · up, fp32 math.
+ *  gate, up, out: (T, n_ff) bf16 with row strides ldg, ldu, ldo (may alias a fused
+ *  gate|up GEMM output: up = gate + n_ff, ldg = ldu = 2·n_ff). */
+int kvz_cuda_swiglu(cudaStream_t s, int T, int n_ff, const void *gate, int ldg,
+                    const void *up, int ldu, void *out, int ldo);
+
+/** bf16 → fp32, n elements. */
+int kvz_cuda_bf16_to_f32(cudaStream_t s, const void *src, float *dst, size_t n);
+/** fp32 → bf16 (round to nearest even), n elements. */
+int kvz_cuda_f32_to_bf16(cudaStream_t s, const float *src, void *dst, size_t n);
+
+/** Greedy sampling: out[r] = argmax_j logits[r·ld + j], j < n_vocab; ties → lowest j;
+ *  NaN never wins. @param logits (n_rows, ld) fp32; @param out (n_rows) int32 device. */
+int kvz_cuda_argmax(cudaStream_t s, const float *logits, int n_rows, int n_vocab,
+                    int ld, int32_t *out);
+
+/* ========================================================================== */
+/* KV cache writes                                                            */
+
+/**
+ * Append T tokens to every head: rows len[h] .. len[h]+T-1 get k/v/pos, then
+ * len[h] += T. The caller keeps host lengths and guarantees len[h] + T <= cap
+ * (rows past cap are dropped and len is clamped to cap — no device-side error).
+ * @param k_new, v_new (T, n_kv, hd) bf16 with row strides ldk, ldv (post-RoPE k)
+ * @param pos (T) int32 device
+ */
+int kvz_cuda_kv_append(cudaStream_t s, const kvz_cuda_kv *kv, int T, const void *k_new,
+                       int ldk, const void *v_new, int ldv, const int32_t *pos);
+
+/**
+ * Write T tokens into the LongFlow output buffer. Token t goes to slot
+ * (slot + t) when @p slot >= 0 (host value, the filling phase), else to slot
+ * *d_slot (device int, T must be 1; the eviction choice of the previous decode
+ * step; nothing is written if *d_slot < 0). Sets slot_pos for the slot.
+ * @param k_new, v_new (T, n_kv, hd) bf16 with row strides; @param pos (T) int32 device
+ */
+int kvz_cuda_outbuf_write(cudaStream_t s, const kvz_cuda_outbuf *ob, int n_kv, int hd,
+                          int T, const void *k_new, int ldk, const void *v_new, int ldv,
+                          const int32_t *pos, int slot, const int32_t *d_slot);
+
+/* ========================================================================== */
+/* Attention                                                                  */
+
+/**
+ * Prefill attention: tiled causal GQA flash attention (bf16 mma.sync tensor cores,
+ * fp32 online softmax, nothing N×N in memory). Queries t in [0,T), heads n_head
+ * (n_head % n_kv == 0), over head kv(h)'s cache rows [0, len[h]) — which already
+ * hold the new keys — plus the output-buffer slots when @p ob is not NULL.
+ * @param q    (T, n_head, hd) bf16, row stride ldq (post-RoPE)
+ * @param qpos (T) int32 device
+ * @param o    (T, n_head, hd) bf16, row stride ldo. A query that sees no key gets 0.
+ * hd in {64, 128}; n_head/n_kv <= 16.
+ */
+int kvz_cuda_attn_prefill(cudaStream_t s, int T, int n_head, const void *q, int ldq,
+                          const int32_t *qpos, const kvz_cuda_kv *kv,
+                          const kvz_cuda_outbuf *ob, void *o, int ldo);
+
+/** Workspace bytes for kvz_cuda_attn_decode with these sizes (host function). */
+size_t kvz_cuda_attn_decode_ws_size(int T, int n_head, int hd, int max_len, int n_slot);
+
+/**
+ * Decode attention (few queries, split over the sequence / flash-decoding), same
+ * visibility as prefill, over cache rows [0, len[h]) plus the output buffer.
+ * With @p ob it also computes, for the LAST query t = T-1, the LongFlow slot score
+ *   S_j = Σ_h p_{h,j} · ‖v_{kv(h),j}‖₁   (p = softmax over doc ∪ buffer, combined
+ * over splits) and the eviction choice argmin_j S_j over slots j that are in use,
+ * j >= n_sink and slot_pos[j] != qpos[T-1] (not the newest token); ties → lowest j;
+ * -1 if none. Computed from logits and ‖v‖₁ taken while the split pass has the
+ * tiles in shared memory: no extra pass over K/V.
+ * @param max_len host upper bound of max_h len[h] (sizes the split grid); <= cap
+ * @param T       1 .. 32/(n_head/n_kv) queries (T·G <= 32)
+ * @param ws      device workspace of kvz_cuda_attn_decode_ws_size(...) bytes
+ * @param slot_score (n_slot) fp32 device or NULL;  @param evict_slot device int32 or NULL
+ */
+int kvz_cuda_attn_decode(cudaStream_t s, int T, int n_head, const void *q, int ldq,
+                         const int32_t *qpos, const kvz_cuda_kv *kv, int max_len,
+                         const kvz_cuda_outbuf *ob, void *o, int ldo, void *ws,
+                         size_t ws_bytes, float *slot_score, int32_t *evict_slot);
+
+/** Workspace bytes for kvz_cuda_kvzip_score (host function). */
+size_t kvz_cuda_kvzip_score_ws_size(int R, int n_head);
+
+/**
+ * KVzip importance scores for one layer and one context chunk (DESIGN §3 step 3).
+ * The cache (full, uncompressed, uniform over heads) holds prefix rows
+ * [0, n_prefix), context rows, and the R repeat rows at [rep0, len[h]).
+ * For each KV head h and chunk row j in [c0, c1):
+ *   score[h·ld_score + (j-c0)] = max over repeat queries i and heads g of h's group of
+ *   softmax_{i,g}(j) with the softmax over K̄ = rows [0,n_prefix) ∪ [c0,c1) ∪
+ *   [rep0, len[h]) (visibility by position, so the repeat rows are causal).
+ * Two fused passes (row max/sum, then exp(s-m)/l max-reduced with atomicMax), no
+ * R×N matrix in memory. The score region is zeroed by this call first.
+ * @param q    (R, n_head, hd) bf16 post-RoPE repeat queries, row stride ldq
+ * @param qpos (R) int32 device
+ * @param score (n_kv, ld_score) fp32 device; columns [0, c1-c0) are written —
+ *        point it at column (c0 - n_prefix) of an (n_layer, n_kv, n_ctx) array with
+ *        ld_score = n_ctx to fill the global score array directly.
+ * Requires 0 <= n_prefix <= c0 <= c1 <= rep0.
+ */
+int kvz_cuda_kvzip_score(cudaStream_t s, int R, int n_head, const void *q, int ldq,
+                         const int32_t *qpos, const kvz_cuda_kv *kv, int n_prefix,
+                         int c0, int c1, int rep0, float *score, int ld_score,
+                         void *ws, size_t ws_bytes);
+
+/* ========================================================================== */
+/* Eviction: top-k selection and compaction                                   */
+
+/** Workspace bytes for kvz_cuda_topk_global (host function). */
+size_t kvz_cuda_topk_ws_size(int64_t n);
+
+/**
+ * Global top-k keep mask: keep[i] = 1 for exactly K of the n scores (fp32, >= 0,
+ * no NaN), the K largest; among equal scores the lower flat index wins. Radix
+ * select on the float bits (4 passes of 8-bit histograms) + an ordered scan for
+ * the tie at the threshold; no host sort, no host synchronisation.
+ * K = round(n · r) is the caller's choice (llround). 0 <= K <= n <= 2^31-1.
+ * @param scores (n) fp32, e.g. (n_layer, n_kv, n_ctx) flattened
+ * @param keep   (n) uint8 output
+ */
+int kvz_cuda_topk_global(cudaStream_t s, const float *scores, int64_t n, int64_t K,
+                         uint8_t *keep, void *ws, size_t ws_bytes);
+
+/** Per-row uniform top-k: for each of n_rows rows of n_cols scores (row stride
+ *  n_cols), keep exactly k (k <= n_cols), same tie-break (lower column wins). */
+int kvz_cuda_topk_rows(cudaStream_t s, const float *scores, int n_rows, int n_cols,
+                       int k, uint8_t *keep);
+
+/** counts[r] = Σ_c keep[r·n_cols + c], for sizing compacted caches (int32 device). */
+int kvz_cuda_keep_counts(cudaStream_t s, const uint8_t *keep, int n_rows, int n_cols,
+                         int32_t *counts);
+
+/**
+ * Compaction of one layer: for each head h, dst rows = src rows [0, n_prefix)
+ * (always kept) followed, in order, by the context rows n_prefix + c (c < n_ctx)
+ * with keep[h·n_ctx + c] != 0; dst->len[h] = n_prefix + kept_h. K, V and pos move
+ * together. src and dst must not overlap. Rows that would pass dst->cap are
+ * dropped (size dst from kvz_cuda_keep_counts). src->len is not read.
+ * @param keep (n_kv, n_ctx) uint8 for this layer
+ */
+int kvz_cuda_kv_compact(cudaStream_t s, const kvz_cuda_kv *src, int n_prefix, int n_ctx,
+                        const uint8_t *keep, const kvz_cuda_kv *dst);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVZ_CUDA_H */
