@@ -2,11 +2,13 @@
  * other backend. */
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvz_error.h"
 #include "kvz_model_impl.h"
+#include "kvz_vmath.h"
 
 #define KVZ_CPU_MAX_BATCH 1024   /* tokens per internal pass (bounds scratch memory) */
 #define KVZ_ATTN_BLOCK_FLOATS (4u << 20) /* score block budget: 16 MiB */
@@ -76,8 +78,10 @@ static int64_t visible(const int32_t *pos, int64_t len, int32_t qpos)
 /*
  * Attention of n queries q (n, n_head, hd) at positions pos0.. over layer l's
  * cache (document segments + output buffer), output att (n, n_head*hd).
+ * Tasks (KV head, query block) run in parallel; each thread owns a slice of work.
  * When the output buffer is full after this pass, the LongFlow victim for the
- * next write is chosen from the last query's probabilities.
+ * next write is chosen from the last query's probabilities:
+ * S_j = sum over query heads of p_j * |v_j|_1, argmin over evictable slots.
  */
 static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t pos0,
                      float *att, float *work, size_t work_floats)
@@ -87,11 +91,26 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
     const float scale = 1.0f / sqrtf((float)hd);
     const int32_t B = kv->out_slots, used = B ? kv->out_used[l] : 0;
     const int full_after = B && used == B;
-    /* the last B floats of work hold the LongFlow contribution of each slot */
-    float *lf_score = full_after ? work + work_floats - B : NULL;
-    const size_t usable = work_floats - (size_t)B;
-    if (lf_score) memset(lf_score, 0, sizeof(float) * (size_t)B);
+    float *lf = work + work_floats - (size_t)nkv * B; /* (nkv, B) per-head LongFlow terms */
+    const int nthr = omp_get_max_threads();
+    const size_t slice = (work_floats - (size_t)nkv * B) / (size_t)nthr;
+    int64_t wmax = 0;
     for (int h = 0; h < nkv; h++) {
+        const int64_t w = kv->len[(size_t)l * nkv + h] + used;
+        wmax = w > wmax ? w : wmax;
+    }
+    int64_t qb = (int64_t)(slice / ((size_t)grp * (size_t)(wmax + 2 * hd)));
+    if (qb < 1) return kvz_error_set(KVZ_ERR_NOMEM, "attention work buffer too small");
+    if (qb > n) qb = n;
+    const int64_t nblk = (n + qb - 1) / qb;
+    const int ostride = nkv * hd;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t task = 0; task < nkv * nblk; task++) {
+        const int h = (int)(task / nblk);
+        const int32_t i0 = (int32_t)((task % nblk) * qb);
+        float *Qb = work + (size_t)omp_get_thread_num() * slice; /* (qb*grp, hd) */
+        float *Ob = Qb + (size_t)qb * grp * hd;                    /* (qb*grp, hd) */
+        float *S = Ob + (size_t)qb * grp * hd;                     /* (qb*grp, Lb + used) */
         const size_t seg = (size_t)l * nkv + (size_t)h;
         const float *K = kv->k + seg * (size_t)kv->cap * hd, *V = kv->v + seg * (size_t)kv->cap * hd;
         const int32_t *P = kv->pos + seg * (size_t)kv->cap;
@@ -99,69 +118,51 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
         const float *OK = B ? kv->ok + ((size_t)l * B * nkv + (size_t)h) * hd : NULL;
         const float *OV = B ? kv->ov + ((size_t)l * B * nkv + (size_t)h) * hd : NULL;
         const int32_t *OP = B ? kv->opos + (size_t)l * B : NULL;
-        const int ostride = nkv * hd;
-        /* queries per block so that the score block fits the budget */
-        const int64_t width = len + used;
-        int64_t qb = (int64_t)(usable / ((size_t)grp * (size_t)(width + 2 * hd)));
-        if (qb < 1) return kvz_error_set(KVZ_ERR_NOMEM, "attention work buffer too small");
-        if (qb > n) qb = n;
-        float *Qb = work;                              /* (qb*grp, hd) */
-        float *Ob = Qb + (size_t)qb * grp * hd;        /* (qb*grp, hd) */
-        float *S = Ob + (size_t)qb * grp * hd;         /* (qb*grp, Lb + used) */
-        for (int32_t i0 = 0; i0 < n; i0 += (int32_t)qb) {
-            const int32_t nq = (int32_t)((n - i0) < qb ? (n - i0) : qb), R = nq * grp;
-            const int64_t Lb = visible(P, len, pos0 + i0 + nq - 1);
-            const int64_t W = Lb + used;
-            for (int32_t i = 0; i < nq; i++)
-                memcpy(Qb + (size_t)i * grp * hd, q + ((size_t)(i0 + i) * c->n_head + (size_t)h * grp) * hd,
-                       sizeof(float) * (size_t)grp * hd);
-            if (Lb > 0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, (int)Lb, hd, scale, Qb, hd,
-                            K, hd, 0.0f, S, (int)W);
-            if (used > 0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, used, hd, scale, Qb, hd,
-                            OK, ostride, 0.0f, S + Lb, (int)W);
-            for (int32_t i = 0; i < nq; i++) {
-                const int32_t qpos = pos0 + i0 + i;
-                const int64_t vis = i == nq - 1 ? Lb : visible(P, Lb, qpos);
-                for (int g = 0; g < grp; g++) {
-                    float *row = S + ((size_t)i * grp + g) * (size_t)W;
-                    float mx = -INFINITY;
-                    for (int64_t j = vis; j < Lb; j++) row[j] = -INFINITY;
-                    for (int32_t j = 0; j < used; j++)
-                        if (OP[j] < 0 || OP[j] > qpos) row[Lb + j] = -INFINITY;
-                    for (int64_t j = 0; j < W; j++) mx = row[j] > mx ? row[j] : mx;
-                    float sum = 0.0f;
-                    for (int64_t j = 0; j < W; j++) {
-                        const float e = row[j] == -INFINITY ? 0.0f : expf(row[j] - mx);
-                        row[j] = e;
-                        sum += e;
-                    }
-                    const float inv = 1.0f / sum;
-                    for (int64_t j = 0; j < W; j++) row[j] *= inv;
-                }
+        const int32_t nq = (int32_t)((n - i0) < qb ? (n - i0) : qb), R = nq * grp;
+        const int64_t Lb = visible(P, len, pos0 + i0 + nq - 1);
+        const int64_t W = Lb + used;
+        for (int32_t i = 0; i < nq; i++)
+            memcpy(Qb + (size_t)i * grp * hd, q + ((size_t)(i0 + i) * c->n_head + (size_t)h * grp) * hd,
+                   sizeof(float) * (size_t)grp * hd);
+        if (Lb > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, (int)Lb, hd, scale, Qb, hd,
+                        K, hd, 0.0f, S, (int)W);
+        if (used > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, used, hd, scale, Qb, hd,
+                        OK, ostride, 0.0f, S + Lb, (int)W);
+        for (int32_t i = 0; i < nq; i++) {
+            const int32_t qpos = pos0 + i0 + i;
+            const int64_t vis = i == nq - 1 ? Lb : visible(P, Lb, qpos);
+            for (int g = 0; g < grp; g++) {
+                float *row = S + ((size_t)i * grp + g) * (size_t)W;
+                for (int64_t j = vis; j < Lb; j++) row[j] = -INFINITY;
+                for (int32_t j = 0; j < used; j++)
+                    if (OP[j] < 0 || OP[j] > qpos) row[Lb + j] = -INFINITY;
+                const float mx = kvz_max(row, W);
+                const float sum = kvz_exp_sub_sum(row, W, mx);
+                kvz_scale(row, W, 1.0f / sum);
             }
-            if (Lb > 0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, hd, (int)Lb, 1.0f, S, (int)W,
-                            V, hd, 0.0f, Ob, hd);
-            else
-                memset(Ob, 0, sizeof(float) * (size_t)R * hd);
-            if (used > 0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, hd, used, 1.0f, S + Lb, (int)W,
-                            OV, ostride, 1.0f, Ob, hd);
-            for (int32_t i = 0; i < nq; i++)
-                memcpy(att + ((size_t)(i0 + i) * c->n_head + (size_t)h * grp) * hd, Ob + (size_t)i * grp * hd,
-                       sizeof(float) * (size_t)grp * hd);
-            if (full_after && i0 + nq == n) {
-                /* LongFlow: S_j += sum over this group's heads of p_j * |v_j|_1 (last query) */
-                for (int32_t j = 0; j < used; j++) {
-                    const float *vj = OV + (size_t)j * ostride;
-                    float l1 = 0.0f;
-                    for (int d = 0; d < hd; d++) l1 += fabsf(vj[d]);
-                    float p = 0.0f;
-                    for (int g = 0; g < grp; g++) p += S[((size_t)(nq - 1) * grp + g) * W + Lb + j];
-                    lf_score[j] += p * l1;
-                }
+        }
+        if (Lb > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, hd, (int)Lb, 1.0f, S, (int)W,
+                        V, hd, 0.0f, Ob, hd);
+        else
+            memset(Ob, 0, sizeof(float) * (size_t)R * hd);
+        if (used > 0)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, hd, used, 1.0f, S + Lb, (int)W,
+                        OV, ostride, 1.0f, Ob, hd);
+        for (int32_t i = 0; i < nq; i++)
+            memcpy(att + ((size_t)(i0 + i) * c->n_head + (size_t)h * grp) * hd, Ob + (size_t)i * grp * hd,
+                   sizeof(float) * (size_t)grp * hd);
+        if (full_after && i0 + nq == n) {
+            /* this head group's LongFlow terms from the last query */
+            for (int32_t j = 0; j < used; j++) {
+                const float *vj = OV + (size_t)j * ostride;
+                float l1 = 0.0f;
+                for (int d = 0; d < hd; d++) l1 += fabsf(vj[d]);
+                float p = 0.0f;
+                for (int g = 0; g < grp; g++) p += S[((size_t)(nq - 1) * grp + g) * W + Lb + j];
+                lf[(size_t)h * B + j] = p * l1;
             }
         }
     }
@@ -170,7 +171,9 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
         float bv = INFINITY;
         for (int32_t j = kv->n_sink; j < B; j++) {
             if (j == kv->newest[l]) continue;
-            if (lf_score[j] < bv) { bv = lf_score[j]; best = j; }
+            float sj = 0.0f;
+            for (int h = 0; h < nkv; h++) sj += lf[(size_t)h * B + j];
+            if (sj < bv) { bv = sj; best = j; }
         }
         kv->victim[l] = best >= 0 ? best : B - 1;
     }
@@ -234,8 +237,8 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
     max_keys += n + kv->out_slots;
     const size_t act = (size_t)n * ((size_t)2 * d + 2 * (size_t)nqkv + qd + 3 * (size_t)ff);
     size_t attn_work = (size_t)KVZ_ATTN_BLOCK_FLOATS;
-    const size_t min_work = (size_t)(c->n_head / c->n_kv_head) * ((size_t)max_keys + 2 * hd + 2) * 2 +
-                            (size_t)kv->out_slots + 64;
+    const size_t min_work = ((size_t)(c->n_head / c->n_kv_head) * ((size_t)max_keys + 2 * hd + 2) + 64) *
+                                (size_t)omp_get_max_threads() + (size_t)kv->out_slots * c->n_kv_head;
     if (attn_work < min_work) attn_work = min_work;
     float *buf = scratch(kv, act + attn_work);
     if (!buf) return kvz_error_set(KVZ_ERR_NOMEM, "forward: cannot allocate work memory");
@@ -290,7 +293,7 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
         for (int32_t i = 0; i < n; i++) {
             const float *g = gu + (size_t)i * 2 * ff, *u = g + ff;
             float *h = hb + (size_t)i * ff;
-            for (int j = 0; j < ff; j++) h[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+            for (int j = 0; j < ff; j++) h[j] = g[j] / (1.0f + kvz_expf(-g[j])) * u[j];
         }
         matmul(hb, L->wdown, x, n, ff, d, 1.0f);
     }
@@ -305,11 +308,7 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
 int kvz_cpu_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
                     float *logits, int flags, const kvz_layer_hook *hook)
 {
-    static int threads_set;
-    if (!threads_set) {
-        openblas_set_num_threads(m->n_threads);
-        threads_set = 1;
-    }
+    if (omp_get_max_threads() != m->n_threads) omp_set_num_threads(m->n_threads);
     const int want = flags & 3;
     const int discard = (flags & KVZ_FWD_DISCARD) != 0;
     if (discard && kv->out_slots)

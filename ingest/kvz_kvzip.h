@@ -1,0 +1,82 @@
+/**
+ * @file kvz_kvzip.h
+ * @brief KVzip query-agnostic KV importance scoring and eviction (DESIGN §3).
+ *
+ * Scoring: after the prefix + context are prefilled, each context chunk t of m
+ * tokens is reconstructed teacher-forced from a "repeat" prompt placed after the
+ * whole context; for every layer l and KV head h, a context key j of chunk t gets
+ * score(l,h,j) = max over the repeat queries i and the query heads g of h's GQA
+ * group of softmax_{K̄}(q_{i,g}·k/√d)[j], where the softmax runs over the key subset
+ * K̄ = prefix keys ∪ chunk-t keys ∪ repeat keys up to i. The repeat pass's own KV
+ * is discarded.
+ *
+ * Eviction keeps exactly round(N·r) of the N = n_layer·n_kv_head·n_context
+ * context pairs (global mode) or round(n_context·r) per head (uniform mode);
+ * ties go to the lower flat index (layer, head, token). The prefix is always kept.
+ */
+#ifndef KVZ_KVZIP_H
+#define KVZ_KVZIP_H
+
+#include <stdint.h>
+
+#include "kvz_model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { KVZ_EVICT_GLOBAL = 0, KVZ_EVICT_UNIFORM = 1 };
+
+#define KVZ_KVZIP_CHUNK 2000
+#define KVZ_KVZIP_OVERLAP 8
+#define KVZ_REPEAT_FIRST "\n\nRepeat the previous context exactly."
+#define KVZ_REPEAT_NEXT "\n\nRepeat the part of the previous context exactly, starting with "
+
+typedef struct kvz_kvzip_params {
+    float ratio;        /**< fraction of context pairs kept, (0, 1] (default 0.3) */
+    int32_t mode;       /**< KVZ_EVICT_GLOBAL (default) or KVZ_EVICT_UNIFORM */
+    int32_t chunk;      /**< scoring chunk m (default 2000) */
+    int32_t overlap;    /**< tokens of chunk t-1 quoted in chunk t's prompt (default 8) */
+    int32_t prefill_chunk; /**< tokens per prefill pass (default 4096) */
+} kvz_kvzip_params;
+
+void kvz_kvzip_defaults(kvz_kvzip_params *p);
+
+/** Progress callback: @p done of @p total work units (tokens through the model). Nonzero aborts. */
+typedef int (*kvz_progress_fn)(void *ctx, int64_t done, int64_t total);
+
+/**
+ * Tokens of the repeat input for chunk @p t (0-based) of @p ctx, appended to @p out:
+ * the repeat instruction (+ the last @p overlap tokens of chunk t-1 when t > 0), the
+ * assistant postfix, then the chunk's tokens.
+ */
+int kvz_kvzip_repeat_input(const kvz_tokenizer *tok, const int32_t *ctx, int32_t n_ctx,
+                           int32_t t, const kvz_kvzip_params *p, kvz_tokens *out);
+
+/** Rows the cache needs to prefill and score: n_prefix + n_ctx + the longest repeat input. */
+int64_t kvz_kvzip_cache_rows(const kvz_tokenizer *tok, int32_t n_prefix, int32_t n_ctx,
+                             const kvz_kvzip_params *p);
+
+/**
+ * Prefill prefix+context into @p kv (which must be empty, without output buffer,
+ * with at least kvz_kvzip_cache_rows() capacity) and score every context pair.
+ * @p scores: (n_layer, n_kv_head, n_ctx) fp32, written completely.
+ * On return the cache holds exactly the prefix + context (repeat KV discarded).
+ * @return 0, kvz_forward errors, KVZ_ERR_ARG, KVZ_ERR_NOMEM, or the callback's nonzero value.
+ */
+int kvz_kvzip_score(kvz_model *m, kvz_kv *kv, const int32_t *prefix, int32_t n_prefix,
+                    const int32_t *ctx, int32_t n_ctx, const kvz_kvzip_params *p, float *scores,
+                    kvz_progress_fn progress, void *progress_ctx);
+
+/**
+ * Select the pairs to keep. @p keep: (n_layer, n_kv_head, n_ctx) bytes set to 0/1;
+ * @p counts: (n_layer, n_kv_head) kept context tokens per head (may be NULL).
+ * @return number of kept pairs (round(N·r) exactly), or KVZ_ERR_ARG / KVZ_ERR_NOMEM.
+ */
+int64_t kvz_kvzip_select(const float *scores, int32_t n_layer, int32_t n_kv_head, int32_t n_ctx,
+                         float ratio, int32_t mode, uint8_t *keep, uint32_t *counts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
