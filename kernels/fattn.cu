@@ -44,8 +44,9 @@ template <int HD> struct fa_smem {
     int maxq;
 };
 
+/* 3 blocks/SM for hd 128 (<= 168 registers), 4 for hd 64: 12-16 warps per SM. */
 template <int HD, int MODE>
-__global__ void __launch_bounds__(FA_WARPS * 32)
+__global__ void __launch_bounds__(FA_WARPS * 32, HD == 64 ? 4 : 3)
 fa_kernel(const fa_params p)
 {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -195,14 +196,27 @@ fa_kernel(const fa_params p)
                 kvz_mma_bf16(sc[nt], qf[kk + 1][0], qf[kk + 1][1], qf[kk + 1][2], qf[kk + 1][3], b2, b3);
             }
         }
-        /* scale + mask */
+        /* scale + mask; a tile every key of which is visible to every row of this
+         * warp (the common case away from the diagonal) skips the per-element test */
+        {
+            int kmax = max(sm.kpos[buf][lane], sm.kpos[buf][lane + 32]);
+            kmax = __reduce_max_sync(0xffffffffu, kmax);
+            int qmin = min(qpa, qpb);
+            qmin = __reduce_min_sync(0xffffffffu, qmin);
+            if (kmax <= qmin) {
 #pragma unroll
-        for (int nt = 0; nt < FA_BN / 8; nt++) {
+                for (int nt = 0; nt < FA_BN / 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int col = nt * 8 + 2 * tq + (e & 1);
-                int qp = e < 2 ? qpa : qpb;
-                sc[nt][e] = sm.kpos[buf][col] <= qp ? sc[nt][e] * p.scale_log2 : -INFINITY;
+                    for (int e = 0; e < 4; e++) sc[nt][e] *= p.scale_log2;
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < FA_BN / 8; nt++) {
+                    int2 kp = *(const int2 *)&sm.kpos[buf][nt * 8 + 2 * tq];
+                    sc[nt][0] = kp.x <= qpa ? sc[nt][0] * p.scale_log2 : -INFINITY;
+                    sc[nt][1] = kp.y <= qpa ? sc[nt][1] * p.scale_log2 : -INFINITY;
+                    sc[nt][2] = kp.x <= qpb ? sc[nt][2] * p.scale_log2 : -INFINITY;
+                    sc[nt][3] = kp.y <= qpb ? sc[nt][3] * p.scale_log2 : -INFINITY;
+                }
             }
         }
 

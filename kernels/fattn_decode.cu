@@ -9,6 +9,7 @@
 #include <limits.h>
 
 #include "fattn_decode.cuh"
+#include "mma.cuh"
 
 #define DEC_BN 128
 #define DEC_THREADS 128
@@ -32,8 +33,8 @@ struct dec_params {
 
 template <int HD, int RMAX> struct dec_smem {
     float q[RMAX][HD];
-    bf16 k[DEC_BN][HD + 2];
-    bf16 v[DEC_BN][HD];
+    bf16 k[DEC_BN][HD + 8]; /* +16 B: conflict-free 16-byte row reads, cp.async aligned */
+    bf16 v[DEC_BN][HD + 8];
     float p[RMAX][DEC_BN];
     int kpos[DEC_BN];
     int qp[RMAX];
@@ -68,32 +69,37 @@ __global__ void __launch_bounds__(DEC_THREADS) dec_split_kernel(const dec_params
         for (int r = tid; r < p.RT; r += blockDim.x) { p.pm[sidx + r] = -INFINITY; p.pl[sidx + r] = 0.f; }
         return;
     }
-    /* stage K, V (16-byte loads), positions, Q (fp32) */
+    /* stage K, V with cp.async (whole tile in flight at once), then positions, Q (fp32) */
     constexpr int CPR = HD / 8;
-    for (int i = tid; i < DEC_BN * CPR; i += blockDim.x) {
+#pragma unroll 4
+    for (int i = tid; i < DEC_BN * CPR; i += DEC_THREADS) {
         int r = i / CPR, c = (i % CPR) * 8;
-        uint4 kk = make_uint4(0, 0, 0, 0), vv = kk;
-        if (r < nv) { kk = *(const uint4 *)(kb + (size_t)r * HD + c); vv = *(const uint4 *)(vb + (size_t)r * HD + c); }
-        const uint32_t *kw = (const uint32_t *)&kk;
-#pragma unroll
-        for (int j = 0; j < 4; j++) *(uint32_t *)&sm.k[r][c + 2 * j] = kw[j]; /* row pad 2 → 4-byte stores */
-        *(uint4 *)&sm.v[r][c] = vv;
+        bool ok = r < nv;
+        kvz_cp_async16(&sm.k[r][c], ok ? kb + (size_t)r * HD + c : kb, ok);
+        kvz_cp_async16(&sm.v[r][c], ok ? vb + (size_t)r * HD + c : vb, ok);
     }
+    kvz_cp_commit();
     for (int r = tid; r < DEC_BN; r += blockDim.x) {
         int kp = INT_MAX;
         if (r < nv) { kp = pb[r]; if (kp < 0) kp = INT_MAX; }
         sm.kpos[r] = kp;
     }
-    for (int i = tid; i < RMAX * HD; i += blockDim.x) {
-        int r = i / HD, d = i % HD;
-        float v = 0.f;
+    /* Q: 8 bf16 per 16-byte load, all issued before any use */
+    for (int i = tid; i < RMAX * HD / 8; i += blockDim.x) {
+        int r = i / (HD / 8), d = (i % (HD / 8)) * 8;
+        uint4 raw = make_uint4(0, 0, 0, 0);
         if (r < p.RT) {
             int t = r / p.G, g = r % p.G;
-            v = __bfloat162float(p.q[(size_t)t * p.ldq + (size_t)(h * p.G + g) * HD + d]);
+            raw = *(const uint4 *)(p.q + (size_t)t * p.ldq + (size_t)(h * p.G + g) * HD + d);
         }
-        sm.q[r][d] = v;
+        const __nv_bfloat162 *b2 = (const __nv_bfloat162 *)&raw;
+        float2 f0 = __bfloat1622float2(b2[0]), f1 = __bfloat1622float2(b2[1]);
+        float2 f2 = __bfloat1622float2(b2[2]), f3 = __bfloat1622float2(b2[3]);
+        *(float4 *)&sm.q[r][d] = make_float4(f0.x, f0.y, f1.x, f1.y);
+        *(float4 *)&sm.q[r][d + 4] = make_float4(f2.x, f2.y, f3.x, f3.y);
     }
     for (int r = tid; r < RMAX; r += blockDim.x) sm.qp[r] = r < p.RT ? p.qpos[r / p.G] : -1;
+    kvz_cp_wait<0>();
     __syncthreads();
 
     /* logits: thread = key */
@@ -102,11 +108,21 @@ __global__ void __launch_bounds__(DEC_THREADS) dec_split_kernel(const dec_params
         float acc[RMAX];
 #pragma unroll
         for (int r = 0; r < RMAX; r++) acc[r] = 0.f;
-#pragma unroll 4
-        for (int d = 0; d < HD; d += 2) {
-            float2 kf = __bfloat1622float2(*(const __nv_bfloat162 *)&sm.k[k][d]);
+#pragma unroll 2
+        for (int d = 0; d < HD; d += 8) {
+            uint4 kr = *(const uint4 *)&sm.k[k][d];
+            float2 k0 = __bfloat1622float2(*(const __nv_bfloat162 *)&kr.x);
+            float2 k1 = __bfloat1622float2(*(const __nv_bfloat162 *)&kr.y);
+            float2 k2 = __bfloat1622float2(*(const __nv_bfloat162 *)&kr.z);
+            float2 k3 = __bfloat1622float2(*(const __nv_bfloat162 *)&kr.w);
 #pragma unroll
-            for (int r = 0; r < RMAX; r++) acc[r] += sm.q[r][d] * kf.x + sm.q[r][d + 1] * kf.y;
+            for (int r = 0; r < RMAX; r++) {
+                if (r < p.RT) {
+                    float4 qa = *(const float4 *)&sm.q[r][d], qb = *(const float4 *)&sm.q[r][d + 4];
+                    acc[r] += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y
+                            + qb.x * k2.x + qb.y * k2.y + qb.z * k3.x + qb.w * k3.y;
+                }
+            }
         }
         const int kp = sm.kpos[k];
 #pragma unroll
@@ -154,7 +170,7 @@ __global__ void __launch_bounds__(DEC_THREADS) dec_split_kernel(const dec_params
 #pragma unroll
         for (int i = 0; i < RPT; i++) {
             int r = rg + i * NRG;
-            if (r < RMAX) { float pv = sm.p[r][k]; ox[i] += pv * vf.x; oy[i] += pv * vf.y; }
+            if (r < p.RT) { float pv = sm.p[r][k]; ox[i] += pv * vf.x; oy[i] += pv * vf.y; }
         }
     }
 #pragma unroll
@@ -174,6 +190,7 @@ __global__ void dec_combine_kernel(const dec_params p)
     for (int s = 0; s < p.n_split; s++) M = fmaxf(M, p.pm[base + (size_t)s * p.RT]);
     float L = 0.f, acc = 0.f;
     if (M != -INFINITY) {
+#pragma unroll 4
         for (int s = 0; s < p.n_split; s++) {
             float m = p.pm[base + (size_t)s * p.RT];
             if (m == -INFINITY) continue;
@@ -187,25 +204,37 @@ __global__ void dec_combine_kernel(const dec_params p)
     if (d == 0 && t == p.T - 1 && p.ML) { p.ML[hq * 2] = M; p.ML[hq * 2 + 1] = L; }
 }
 
-/* One block: S_j and argmin over evictable slots. */
-__global__ void dec_longflow_kernel(const dec_params p, float *slot_score, int32_t *evict)
+/* S_j for every slot: grid ceil(B/256), thread = slot. */
+__global__ void dec_slot_score_kernel(const dec_params p, float *S)
+{
+    __shared__ float sML[2 * 256];
+    for (int i = threadIdx.x; i < 2 * p.n_head; i += blockDim.x) sML[i] = p.ML[i];
+    __syncthreads();
+    const int B = p.ob.n_slot, j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= B) return;
+    float acc = 0.f;
+#pragma unroll 8
+    for (int hq = 0; hq < p.n_head; hq++) {
+        float M = sML[hq * 2], L = sML[hq * 2 + 1];
+        float lg = p.blog[(size_t)hq * B + j];
+        float vn = p.vnorm[(size_t)(hq / p.G) * B + j];
+        if (lg != -INFINITY && L > 0.f) acc += exp2f(lg - M) / L * vn;
+    }
+    S[j] = acc;
+}
+
+/* One block: argmin over evictable slots (lowest index on ties). */
+__global__ void dec_longflow_kernel(const dec_params p, const float *S, int32_t *evict)
 {
     const int B = p.ob.n_slot;
     const int qlast = p.qpos[p.T - 1];
     float best = INFINITY;
     int bi = INT_MAX;
     for (int j = threadIdx.x; j < B; j += blockDim.x) {
-        float S = 0.f;
-        for (int hq = 0; hq < p.n_head; hq++) {
-            float M = p.ML[hq * 2], L = p.ML[hq * 2 + 1];
-            float lg = p.blog[(size_t)hq * B + j];
-            if (lg == -INFINITY || !(L > 0.f)) continue;
-            S += exp2f(lg - M) / L * p.vnorm[(size_t)(hq / p.G) * B + j];
-        }
-        if (slot_score) slot_score[j] = S;
         int sp = p.ob.slot_pos[j];
         bool ev = sp >= 0 && j >= p.ob.n_sink && sp != qlast;
-        if (ev && (S < best || (S == best && j < bi))) { best = S; bi = j; }
+        float v = S[j];
+        if (ev && (v < best || (v == best && j < bi))) { best = v; bi = j; }
     }
     __shared__ float sb[32];
     __shared__ int si[32];
@@ -234,7 +263,7 @@ __global__ void dec_longflow_kernel(const dec_params p, float *slot_score, int32
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-struct dec_layout { size_t po, pm, pl, blog, vnorm, ML, total; };
+struct dec_layout { size_t po, pm, pl, blog, vnorm, ML, S, total; };
 
 static dec_layout dec_ws_layout(int T, int n_head, int hd, int max_len, int n_slot)
 {
@@ -247,7 +276,8 @@ static dec_layout dec_ws_layout(int T, int n_head, int hd, int max_len, int n_sl
     L.blog = L.pl + al256(rows * 4);
     L.vnorm = L.blog + al256((size_t)n_head * n_slot * 4);
     L.ML = L.vnorm + al256((size_t)n_head * n_slot * 4);
-    L.total = L.ML + al256((size_t)n_head * 2 * 4);
+    L.S = L.ML + al256((size_t)n_head * 2 * 4);
+    L.total = L.S + al256((size_t)n_slot * 4);
     return L;
 }
 
@@ -275,7 +305,8 @@ extern "C" int kvz_cuda_attn_decode(cudaStream_t s, int T, int n_head, const voi
 {
     KVZ_ARG(kv && kv->k && kv->v && kv->pos && kv->len && kv->n_kv > 0 && kv->cap > 0);
     KVZ_ARG(kv->hd == 64 || kv->hd == 128);
-    KVZ_ARG(q && qpos && o && T > 0 && n_head > 0 && n_head % kv->n_kv == 0);
+    KVZ_ARG(q && qpos && o && T > 0 && n_head > 0 && n_head <= 256 && n_head % kv->n_kv == 0);
+    KVZ_ARG(ldq % 8 == 0 && ((uintptr_t)q & 15) == 0);
     KVZ_ARG(T * (n_head / kv->n_kv) <= 32);
     KVZ_ARG(ldq >= n_head * kv->hd && ldo >= n_head * kv->hd && ldo % 2 == 0);
     KVZ_ARG(max_len >= 0 && max_len <= kv->cap);
@@ -310,8 +341,13 @@ extern "C" int kvz_cuda_attn_decode(cudaStream_t s, int T, int n_head, const voi
     else dec_combine_kernel<128><<<dim3(p.RT, kv->n_kv), 128, 0, s>>>(p);
     KVZ_LAUNCH_CHECK("attn_decode_combine");
     if (ob && (slot_score || evict_slot)) {
-        dec_longflow_kernel<<<1, 1024, 0, s>>>(p, slot_score, evict_slot);
-        KVZ_LAUNCH_CHECK("attn_decode_longflow");
+        float *S = slot_score ? slot_score : (float *)(w + L.S);
+        dec_slot_score_kernel<<<(n_slot + 255) / 256, 256, 0, s>>>(p, S);
+        KVZ_LAUNCH_CHECK("attn_decode_slot_score");
+        if (evict_slot) {
+            dec_longflow_kernel<<<1, 1024, 0, s>>>(p, S, evict_slot);
+            KVZ_LAUNCH_CHECK("attn_decode_argmin");
+        }
     }
     return 0;
 }

@@ -217,7 +217,9 @@ size_t kvz_cuda_attn_decode_ws_size(int T, int n_head, int hd, int max_len, int 
  * over splits) and the eviction choice argmin_j S_j over slots j that are in use,
  * j >= n_sink and slot_pos[j] != qpos[T-1] (not the newest token); ties → lowest j;
  * -1 if none. Computed from logits and ‖v‖₁ taken while the split pass has the
- * tiles in shared memory: no extra pass over K/V.
+ * tiles in shared memory: no extra pass over K/V. Deterministic (no atomics).
+ * n_head <= 256. Output o is bf16 (T, n_head, hd), row stride ldo.
+ * @param q       (T, n_head, hd) bf16, 16-byte aligned, row stride ldq (ldq % 8 == 0)
  * @param max_len host upper bound of max_h len[h] (sizes the split grid); <= cap
  * @param T       1 .. 32/(n_head/n_kv) queries (T·G <= 32)
  * @param ws      device workspace of kvz_cuda_attn_decode_ws_size(...) bytes
