@@ -318,7 +318,13 @@ int kvz_store_open(const char *dir, unsigned flags, uint64_t map_size, const uin
     s->readonly = ro;
     s->max_map = KVZ_STORE_DEFAULT_MAX_MAP;
     if (fp) { s->have_open_fp = 1; memcpy(s->open_fp, fp, 16); }
-    pthread_rwlock_init(&s->lock, NULL);
+    /* writer-preferring so map growth is not starved by a stream of readers; the
+     * timed wrlock bounds the stall when a thread nests read transactions */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&s->lock, &ra);
+    pthread_rwlockattr_destroy(&ra);
     int err = 0, rc = mdb_env_create(&s->env);
     if (rc) { err = lmdb_err(rc, "mdb_env_create"); s->env = NULL; goto fail; }
     mdb_env_set_maxdbs(s->env, 8);

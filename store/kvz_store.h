@@ -30,7 +30,9 @@
  *     whole transaction retried. Growing needs every transaction of *this
  *     process* on the store to be finished, so it waits for open read
  *     transactions of this process (up to 60 s, then KVZ_ERR_BUSY). Do not hold
- *     a kvz_store_read on the calling thread while writing.
+ *     a kvz_store_read on the calling thread while writing, and avoid nesting
+ *     read transactions on one thread: a pending growth (writers are preferred)
+ *     makes the inner begin wait until that growth gives up (60 s).
  *   - Stale reader slots of killed processes are cleared at open.
  *
  * Errors: 0 or a negative KVZ_ERR_*; LMDB/errno codes are kept in
