@@ -64,7 +64,7 @@ void kvz_kv_free(kvz_kv *kv)
 #ifdef KVZ_HAVE_CUDA
     if (kv->cuda) kvz_cuda_kv_free(kv);
 #endif
-    free(kv->len); free(kv->k); free(kv->v); free(kv->pos);
+    free(kv->len); free(kv->mark); free(kv->k); free(kv->v); free(kv->pos);
     free(kv->ok); free(kv->ov); free(kv->opos);
     free(kv->out_used); free(kv->victim); free(kv->newest);
     free(kv->scratch);
@@ -74,6 +74,26 @@ void kvz_kv_free(kvz_kv *kv)
 void kvz_kv_clear(kvz_kv *kv)
 {
     memset(kv->len, 0, sizeof *kv->len * (size_t)kv->n_layer * (size_t)kv->n_kv_head);
+    memset(kv->out_used, 0, sizeof(int32_t) * (size_t)kv->n_layer);
+    memset(kv->victim, 0, sizeof(int32_t) * (size_t)kv->n_layer);
+    memset(kv->newest, 0, sizeof(int32_t) * (size_t)kv->n_layer);
+    kv->evictions = 0;
+    if (kv->opos)
+        for (size_t i = 0; i < (size_t)kv->n_layer * (size_t)kv->out_slots; i++) kv->opos[i] = -1;
+}
+
+void kvz_kv_checkpoint(kvz_kv *kv)
+{
+    const size_t n = (size_t)kv->n_layer * (size_t)kv->n_kv_head;
+    if (!kv->mark && !(kv->mark = malloc(n * sizeof *kv->mark))) return;
+    memcpy(kv->mark, kv->len, n * sizeof *kv->mark);
+}
+
+void kvz_kv_rollback(kvz_kv *kv)
+{
+    const size_t n = (size_t)kv->n_layer * (size_t)kv->n_kv_head;
+    if (kv->mark) memcpy(kv->len, kv->mark, n * sizeof *kv->len);
+    else memset(kv->len, 0, n * sizeof *kv->len);
     memset(kv->out_used, 0, sizeof(int32_t) * (size_t)kv->n_layer);
     memset(kv->victim, 0, sizeof(int32_t) * (size_t)kv->n_layer);
     memset(kv->newest, 0, sizeof(int32_t) * (size_t)kv->n_layer);

@@ -110,6 +110,13 @@ void kvz_kv_free(kvz_kv *kv);
 
 /** Drop every row (document and output); capacity is kept. */
 void kvz_kv_clear(kvz_kv *kv);
+/**
+ * Remember the current document lengths (e.g. right after loading a document);
+ * kvz_kv_rollback() returns to them and empties the output buffer, so several
+ * questions can be answered against one loaded cache.
+ */
+void kvz_kv_checkpoint(kvz_kv *kv);
+void kvz_kv_rollback(kvz_kv *kv);
 /** Rows in the document segment of (layer, head). */
 int64_t kvz_kv_len(const kvz_kv *kv, int32_t layer, int32_t head);
 /** Document capacity per head. */

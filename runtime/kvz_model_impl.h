@@ -44,6 +44,7 @@ struct kvz_kv {
     int32_t n_layer, n_kv_head, head_dim;
     int64_t cap;             /* document rows per (layer, head) */
     int64_t *len;            /* (n_layer, n_kv_head) */
+    int64_t *mark;           /* (n_layer, n_kv_head) lengths at kvz_kv_checkpoint, or NULL */
     float *k, *v;            /* (n_layer, n_kv_head, cap, head_dim) fp32 (CPU) */
     int32_t *pos;            /* (n_layer, n_kv_head, cap) */
     /* LongFlow output buffer: B slots per layer shared by all KV heads */

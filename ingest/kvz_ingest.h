@@ -1,0 +1,84 @@
+/**
+ * @file kvz_ingest.h
+ * @brief The document pipeline: tokens -> KVzip scores -> eviction -> blob
+ *        records -> one LMDB transaction; and the reverse, a stored blob -> a KV
+ *        cache ready for questions. Composes runtime/, format/ and store/.
+ */
+#ifndef KVZ_INGEST_H
+#define KVZ_INGEST_H
+
+#include <stdint.h>
+
+#include "kvz_blob.h"
+#include "kvz_kvzip.h"
+#include "kvz_model.h"
+#include "kvz_store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvz_ingest_opts {
+    kvz_kvzip_params kp;   /**< ratio, mode, chunk, overlap */
+    uint8_t dtype;         /**< stored KV dtype: KVZ_DTYPE_F16 (default), F32, BF16 */
+    int zstd_level;        /**< 0 = KVZ_BLOB_DEFAULT_LEVEL */
+    kvz_progress_fn progress; /**< tokens through the model for this document */
+    void *progress_ctx;
+} kvz_ingest_opts;
+
+void kvz_ingest_defaults(kvz_ingest_opts *o);
+
+typedef struct kvz_ingest_result {
+    int status;             /**< KVZ_STORE_WRITTEN / LINKED / UNCHANGED / INFO_UPDATED */
+    int32_t n_prefix, n_ctx;
+    int64_t pairs_total;    /**< context pairs: n_layer * n_kv_head * n_ctx */
+    int64_t pairs_kept;     /**< kept context pairs */
+    uint64_t bytes_full;    /**< uncompressed KV of the full cache (prefix + context), stored dtype */
+    uint64_t bytes_kept;    /**< uncompressed KV of the kept pairs (prefix included) */
+    uint64_t bytes_stored;  /**< compressed record bytes in the store */
+    double seconds;         /**< scoring + eviction + encoding + commit */
+    uint8_t hash[16];
+} kvz_ingest_result;
+
+/** Context tokens one stored document (or part) may hold with model @p m: room is
+ *  left for the repeat pass and for questions and answers within the model context. */
+int32_t kvz_ingest_max_part_tokens(const kvz_model *m);
+
+/**
+ * Ingest one document (or part) whose context tokens are @p ctx.
+ * Unchanged content under the same @p doc_id is a no-op (status UNCHANGED, no
+ * model work); content already stored under another id is linked, not recomputed.
+ * Everything the store sees is written in one transaction.
+ * @return 0; KVZ_ERR_CONTEXT (n_ctx > kvz_ingest_max_part_tokens); KVZ_ERR_EMPTY;
+ *   kvz_forward / kvz_kvzip / kvz_blob / kvz_store errors; the progress callback's value.
+ */
+int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *source_path,
+                   const int32_t *ctx, int32_t n_ctx, const kvz_ingest_opts *o,
+                   kvz_ingest_result *res);
+
+/** What kvz_doc_load() read. */
+typedef struct kvz_doc_meta {
+    kvz_store_doc_info info;
+    int32_t n_prefix, n_ctx;   /**< queries continue at position n_prefix + n_ctx */
+    float ratio;
+    uint8_t dtype, mode;
+    uint64_t rows;             /**< kept rows over all layers and heads (prefix included) */
+    double load_s;             /**< read + verify + decompress + place */
+} kvz_doc_meta;
+
+/**
+ * Load @p doc_id's compressed cache into a new kvz_kv with @p extra_rows free rows
+ * per head (for question and answer tokens when @p out_slots is 0) and a LongFlow
+ * output buffer of @p out_slots slots (0 = none). Verifies the checksums and that
+ * the blob was made by model @p m.
+ * @return 0; KVZ_ERR_NOTFOUND (unknown doc id); KVZ_ERR_MODEL; KVZ_ERR_CHECKSUM /
+ *   KVZ_ERR_FORMAT / KVZ_ERR_TRUNCATED / KVZ_ERR_VERSION (corrupt blob);
+ *   KVZ_ERR_FORMAT (dims differ from the model); KVZ_ERR_NOMEM; KVZ_ERR_LMDB.
+ */
+int kvz_doc_load(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_rows,
+                 int32_t out_slots, kvz_kv **out, kvz_doc_meta *meta);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
