@@ -181,10 +181,10 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
 }
 
 static void append_kv(kvz_kv *kv, int32_t l, const float *k, const float *v, int32_t n,
-                      int32_t pos0)
+                      int32_t pos0, int to_doc)
 {
     const int hd = kv->head_dim, nkv = kv->n_kv_head;
-    if (kv->out_slots == 0) {
+    if (kv->out_slots == 0 || to_doc) {
         for (int h = 0; h < nkv; h++) {
             const size_t seg = (size_t)l * nkv + (size_t)h;
             const size_t row0 = seg * (size_t)kv->cap + (size_t)kv->len[seg];
@@ -215,13 +215,14 @@ static void append_kv(kvz_kv *kv, int32_t l, const float *k, const float *v, int
 }
 
 static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n,
-                         int32_t pos0, float *logits, int want_logits, const kvz_layer_hook *hook)
+                         int32_t pos0, float *logits, int want_logits, int to_doc,
+                         const kvz_layer_hook *hook)
 {
     const kvz_config *c = &m->cfg;
     const int d = c->n_embd, hd = c->head_dim, qd = c->n_head * hd, kvd = c->n_kv_head * hd,
               ff = c->n_ff, nqkv = qd + 2 * kvd;
     /* capacity checks before touching any layer */
-    if (kv->out_slots == 0) {
+    if (kv->out_slots == 0 || to_doc) {
         for (size_t i = 0; i < (size_t)c->n_layer * c->n_kv_head; i++)
             if (kv->len[i] + n > kv->cap)
                 return kvz_error_set(KVZ_ERR_CONTEXT, "KV cache full: %lld + %d rows exceed "
@@ -280,7 +281,7 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
             rope(ki, c->n_kv_head, hd, pos0 + i, m->rope_inv_freq, c->rope_adjacent);
         }
         const int64_t row0 = kv->len[(size_t)l * c->n_kv_head];
-        append_kv(kv, l, kb, vb, n, pos0);
+        append_kv(kv, l, kb, vb, n, pos0, to_doc);
         if (hook && hook->fn) {
             int rc = hook->fn(hook->ctx, l, qb, kb, n, row0, kv);
             if (rc) return rc;
@@ -311,8 +312,8 @@ int kvz_cpu_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, 
     if (omp_get_max_threads() != m->n_threads) omp_set_num_threads(m->n_threads);
     const int want = flags & 3;
     const int discard = (flags & KVZ_FWD_DISCARD) != 0;
-    if (discard && kv->out_slots)
-        return kvz_error_set(KVZ_ERR_ARG, "forward: DISCARD needs a cache without output buffer");
+    if (discard && kv->out_slots && !(flags & KVZ_FWD_TO_DOC))
+        return kvz_error_set(KVZ_ERR_ARG, "forward: DISCARD works on the document region only");
     const size_t nlh = (size_t)m->cfg.n_layer * m->cfg.n_kv_head;
     int64_t *saved = NULL;
     if (discard) {
@@ -332,7 +333,7 @@ int kvz_cpu_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, 
             lg = logits;
             w = KVZ_FWD_LOGITS_LAST;
         }
-        rc = forward_batch(m, kv, tokens + s, nb, pos0 + s, lg, w, hook);
+        rc = forward_batch(m, kv, tokens + s, nb, pos0 + s, lg, w, (flags & KVZ_FWD_TO_DOC) != 0, hook);
     }
     if (discard) {
         memcpy(kv->len, saved, nlh * sizeof *saved);

@@ -179,6 +179,7 @@ enum {
     KVZ_FWD_LOGITS_ALL = 1,   /**< logits of every token: (n, n_vocab) */
     KVZ_FWD_NO_LOGITS = 2,    /**< no logits (prefill) */
     KVZ_FWD_DISCARD = 4,      /**< drop the new tokens' KV after the pass (doc region only) */
+    KVZ_FWD_TO_DOC = 8,       /**< append to the document region even if an output buffer exists */
 };
 
 /**
