@@ -169,10 +169,16 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
     if (full_after) {
         int32_t best = -1;
         float bv = INFINITY;
+        const int32_t *OP = kv->opos + (size_t)l * B;
         for (int32_t j = kv->n_sink; j < B; j++) {
             if (j == kv->newest[l]) continue;
-            float sj = 0.0f;
-            for (int h = 0; h < nkv; h++) sj += lf[(size_t)h * B + j];
+            float sj;
+            if (kv->out_policy == KVZ_OUT_WINDOW) {
+                sj = (float)OP[j]; /* oldest position goes first */
+            } else {
+                sj = 0.0f;
+                for (int h = 0; h < nkv; h++) sj += lf[(size_t)h * B + j];
+            }
             if (sj < bv) { bv = sj; best = j; }
         }
         kv->victim[l] = best >= 0 ? best : B - 1;

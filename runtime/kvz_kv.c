@@ -117,6 +117,8 @@ void kvz_kv_truncate(kvz_kv *kv, int64_t n)
 
 void kvz_kv_set_sinks(kvz_kv *kv, int32_t n_sink) { kv->n_sink = n_sink < 0 ? 0 : n_sink; }
 
+void kvz_kv_set_out_policy(kvz_kv *kv, int32_t policy) { kv->out_policy = policy; }
+
 int kvz_kv_view(const kvz_kv *kv, int32_t layer, int32_t head, const float **k,
                 const float **v, const int32_t **pos, int64_t *len)
 {

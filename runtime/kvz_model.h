@@ -159,6 +159,13 @@ void kvz_kv_get_stats(const kvz_kv *kv, kvz_kv_stats *st);
 /** Number of protected leading output slots (sinks), default 4. */
 void kvz_kv_set_sinks(kvz_kv *kv, int32_t n_sink);
 
+/** Output-buffer eviction policy once full. */
+enum {
+    KVZ_OUT_LONGFLOW = 0, /**< argmin of S_j = sum_h p_{h,j} |v_j|_1 (default) */
+    KVZ_OUT_WINDOW = 1,   /**< baseline: sinks + most recent tokens (evict the oldest) */
+};
+void kvz_kv_set_out_policy(kvz_kv *kv, int32_t policy);
+
 /* ------------------------------------------------------------------------ */
 /* Forward                                                                   */
 

@@ -50,6 +50,7 @@ struct kvz_kv {
     /* LongFlow output buffer: B slots per layer shared by all KV heads */
     int32_t out_slots;       /* B (0: none) */
     int32_t n_sink;          /* protected leading slots */
+    int32_t out_policy;      /* KVZ_OUT_LONGFLOW / KVZ_OUT_WINDOW */
     float *ok, *ov;          /* (n_layer, B, n_kv_head, head_dim) fp32 */
     int32_t *opos;           /* (n_layer, B) position, -1 = empty */
     int32_t *out_used;       /* (n_layer) slots filled so far */
