@@ -42,7 +42,7 @@ static void usage(void)
         "\n"
         "Exit status: 0 all documents stored or unchanged; 1 some document failed;\n"
         "2 usage; 4 model problem; 5 store problem (docs/ERRORS.md).\n",
-        "about 5,000 tokens for the default model", KVZ_DEFAULT_STORE, KVZ_DEFAULT_MODEL);
+        "5,808 tokens for the default model: its context minus room for the repeat pass", KVZ_DEFAULT_STORE, KVZ_DEFAULT_MODEL);
 }
 
 typedef struct doc_item {

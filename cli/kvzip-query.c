@@ -161,7 +161,16 @@ int main(int argc, char **argv)
         }
         kvz_doc_meta dm;
         if ((rc = kvz_doc_load(m, st, doc_id, extra, (int32_t)budget, &kv, &dm))) {
-            cli_error(rc, "cannot load document '%s'", doc_id);
+            char part[600];
+            kvz_store_doc_info pi;
+            snprintf(part, sizeof part, "%s#1", doc_id);
+            if (rc == KVZ_ERR_NOTFOUND && kvz_store_lookup(st, part, &pi) == 0) {
+                kvz_error_clear();
+                fprintf(stderr, "kvzip-query: error: document '%s' was stored in parts: query "
+                        "'%s#1', '%s#2', ... (kvzip-store ls lists them)\n", doc_id, doc_id, doc_id);
+            } else {
+                cli_error(rc, "cannot load document '%s'", doc_id);
+            }
             return cli_exit_code(rc);
         }
         n_doc = dm.n_prefix + dm.n_ctx;

@@ -8,7 +8,10 @@
 #include "kvz_generate.h"
 #include "kvz_quant.h"
 
-#define KVZ_ANSWER_RESERVE 1024 /* positions left for question + answer */
+/* Positions past the document: the repeat pass uses up to chunk + ~64 of them;
+ * questions and answers reuse the same positions afterwards, so they get about as
+ * many before leaving the trained context. */
+#define KVZ_ANSWER_RESERVE 256
 
 void kvz_ingest_defaults(kvz_ingest_opts *o)
 {
