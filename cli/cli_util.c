@@ -52,6 +52,13 @@ int cli_exit_code(int rc)
     }
 }
 
+int cli_model_exit(int rc)
+{
+    if (rc == KVZ_ERR_NOTFOUND) return EXIT_NOTFOUND;
+    if (rc == KVZ_ERR_NOMEM) return EXIT_FAIL;
+    return EXIT_MODEL;
+}
+
 long cli_parse_long(const char *flag, const char *s, long lo, long hi)
 {
     char *end;

@@ -23,6 +23,9 @@ void cli_error(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /* Exit code for a library error class. */
 int cli_exit_code(int rc);
+/* Exit code for a failed model load: 6 file not found, 1 out of memory, 4 otherwise
+ * (corrupt, truncated or unsupported model). */
+int cli_model_exit(int rc);
 
 /* Parse numbers; usage error (exit 2) on garbage or out of [lo, hi]. */
 long cli_parse_long(const char *flag, const char *s, long lo, long hi);

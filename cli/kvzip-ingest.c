@@ -207,7 +207,7 @@ int main(int argc, char **argv)
 
     kvz_model *m;
     int rc = cli_load_model(cli_model_path(model_flag), NULL, device, (int32_t)threads, &m);
-    if (rc) return cli_exit_code(rc);
+    if (rc) return cli_model_exit(rc);
     const kvz_tokenizer *tok = kvz_model_tokenizer(m);
     uint8_t fp[16];
     kvz_model_fingerprint(m, fp);

@@ -126,7 +126,7 @@ int main(int argc, char **argv)
     }
     kvz_model *m;
     if ((rc = cli_load_model(cli_model_path(model_flag), NULL, device, (int32_t)threads, &m)))
-        return cli_exit_code(rc);
+        return cli_model_exit(rc);
     const kvz_config *c = kvz_model_config(m);
     const kvz_tokenizer *tok = kvz_model_tokenizer(m);
 
