@@ -4,19 +4,25 @@
 #include "kvz_blob.h"
 #include "kvz_error.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <lmdb.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 struct kvz_store {
     MDB_env *env;
     MDB_dbi blobs, refs, docs, meta;
     int readonly;
+    int retired;         /* kvz_store_compact replaced the files under this handle */
+    char *dir;           /* store directory as given to open */
     int have_open_fp;
     uint8_t open_fp[16]; /* fingerprint given to open (immutable) */
     uint64_t max_map;
@@ -37,6 +43,7 @@ struct kvz_store_read {
 #define GROW_WAIT_S 60
 #define MAP_FULL_INTERNAL 1    /* body -> runner: MDB_MAP_FULL, grow and retry */
 #define NOOP_INTERNAL 2        /* body -> runner: nothing to write, abort */
+#define RETIRED_KEY "retired"  /* meta key in the old files of a compacted store */
 
 /* ========================================================================= */
 /* Small helpers                                                               */
@@ -197,6 +204,16 @@ static int grow_map(kvz_store *s, uint64_t need)
 
 typedef int (*write_body)(kvz_store *s, MDB_txn *txn, void *ctx);
 
+/* A compaction swapped new files in under this environment (kvz_store_compact). */
+static int check_retired(kvz_store *s, MDB_txn *txn)
+{
+    MDB_val k = {sizeof RETIRED_KEY - 1, RETIRED_KEY}, v;
+    if (!s->retired && mdb_get(txn, s->meta, &k, &v) != 0) return 0;
+    s->retired = 1;
+    return kvz_error_set(KVZ_ERR_BUSY, "kvz_store: the store was replaced by a compacted copy "
+                         "while this process had it open; reopen it");
+}
+
 /* Run @p body in one write transaction; on MDB_MAP_FULL abort, grow, redo all. */
 static int run_write(kvz_store *s, write_body body, void *ctx, uint64_t need)
 {
@@ -212,7 +229,8 @@ static int run_write(kvz_store *s, write_body body, void *ctx, uint64_t need)
             continue;
         }
         if (rc) { pthread_rwlock_unlock(&s->lock); return lmdb_err(rc, "begin write txn"); }
-        int err = body(s, txn, ctx);
+        int err = check_retired(s, txn);
+        if (!err) err = body(s, txn, ctx);
         if (err) {
             mdb_txn_abort(txn);
             pthread_rwlock_unlock(&s->lock);
@@ -275,6 +293,7 @@ static int open_init(kvz_store *s, int create)
                                 "reads %u", v.mv_size == 4 ? get32(v.mv_data) : 0, KVZ_STORE_VERSION);
         }
     }
+    if (!err && !s->readonly) err = check_retired(s, txn);
     if (!err && s->have_open_fp) {
         MDB_val kf = {8, "model_fp"}, vf;
         rc = mdb_get(txn, s->meta, &kf, &vf);
@@ -316,6 +335,8 @@ int kvz_store_open(const char *dir, unsigned flags, uint64_t map_size, const uin
     kvz_store *s = calloc(1, sizeof *s);
     if (!s) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: open");
     s->readonly = ro;
+    s->dir = strdup(dir);
+    if (!s->dir) { free(s); return kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: open"); }
     s->max_map = KVZ_STORE_DEFAULT_MAX_MAP;
     if (fp) { s->have_open_fp = 1; memcpy(s->open_fp, fp, 16); }
     /* writer-preferring so map growth is not starved by a stream of readers; the
@@ -345,6 +366,7 @@ int kvz_store_open(const char *dir, unsigned flags, uint64_t map_size, const uin
 fail:
     if (s->env) mdb_env_close(s->env);
     pthread_rwlock_destroy(&s->lock);
+    free(s->dir);
     free(s);
     return err;
 }
@@ -354,6 +376,7 @@ void kvz_store_close(kvz_store *s)
     if (!s) return;
     mdb_env_close(s->env);
     pthread_rwlock_destroy(&s->lock);
+    free(s->dir);
     free(s);
 }
 
@@ -744,4 +767,581 @@ int kvz_store_stats_get(kvz_store *s, kvz_store_stats *st)
     st->map_used = (uint64_t)(ei.me_last_pgno + 1) * es.ms_psize;
     st->last_txnid = ei.me_last_txnid;
     return 0;
+}
+
+/* ========================================================================= */
+/* Maintenance: verify, gc, compact                                            */
+
+/* Hashes of every doc entry, sorted: how many names each blob has. */
+typedef struct {
+    uint8_t (*h)[16];
+    size_t n;
+} hash_set;
+
+static int cmp_hash(const void *a, const void *b) { return memcmp(a, b, 16); }
+
+static int collect_doc_hashes(kvz_store *s, MDB_txn *txn, hash_set *hs, int strict)
+{
+    memset(hs, 0, sizeof *hs);
+    MDB_stat ms;
+    int rc = mdb_stat(txn, s->docs, &ms);
+    if (rc) return lmdb_err(rc, "stat docs");
+    hs->h = malloc((ms.ms_entries + 1) * 16);
+    if (!hs->h) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: doc hashes");
+    MDB_cursor *c;
+    if ((rc = mdb_cursor_open(txn, s->docs, &c))) return lmdb_err(rc, "cursor");
+    MDB_val k, v;
+    int err = 0;
+    kvz_store_doc_info *info = malloc(sizeof *info);
+    if (!info) err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: doc hashes");
+    for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); !err && rc == 0;
+         rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+        if (hs->n > ms.ms_entries) break;
+        if (info_decode(&v, info)) {
+            if (strict) err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: doc '%.*s' does not decode; "
+                                            "nothing collected", (int)k.mv_size, (char *)k.mv_data);
+            continue; /* verify reports it in its own pass */
+        }
+        memcpy(hs->h[hs->n++], info->hash, 16);
+    }
+    free(info);
+    mdb_cursor_close(c);
+    if (!err && rc && rc != MDB_NOTFOUND) err = lmdb_err(rc, "walk docs");
+    if (err) { free(hs->h); hs->h = NULL; return err; }
+    qsort(hs->h, hs->n, 16, cmp_hash);
+    return 0;
+}
+
+static uint64_t names_of(const hash_set *hs, const uint8_t *hash)
+{
+    size_t lo = 0, hi = hs->n; /* first index >= hash */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (memcmp(hs->h[mid], hash, 16) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    uint64_t n = 0;
+    while (lo + n < hs->n && !memcmp(hs->h[lo + n], hash, 16)) n++;
+    return n;
+}
+
+/* ---- verify ---- */
+
+typedef struct {
+    kvz_store_problem_fn cb;
+    void *user;
+    kvz_store_verify_result r;
+    int stop;
+} vstate;
+
+__attribute__((format(printf, 3, 4)))
+static void problem(vstate *v, int err, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    v->r.n_problems++;
+    if (v->cb && !v->stop) v->stop = v->cb(v->user, err, msg);
+}
+
+/* One blob: META decodes with the store's model, every layer decodes, nothing extra. */
+static void verify_blob(kvz_store *s, MDB_txn *txn, vstate *v, const uint8_t *hash,
+                        const uint8_t *fp, uint32_t ref_records, uint64_t ref_bytes)
+{
+    char hx[33];
+    hex16(hash, hx);
+    uint8_t key[KEY_SIZE];
+    make_key(key, hash, KVZ_BLOB_META_LAYER);
+    MDB_val k = {KEY_SIZE, key}, val;
+    int rc = mdb_get(txn, s->blobs, &k, &val);
+    if (rc) {
+        problem(v, rc == MDB_NOTFOUND ? KVZ_ERR_NOTFOUND : KVZ_ERR_LMDB,
+                "blob %s: META record %s", hx, rc == MDB_NOTFOUND ? "missing" : mdb_strerror(rc));
+        return;
+    }
+    v->r.n_records++;
+    kvz_blob_meta m;
+    int err = kvz_blob_decode_meta(val.mv_data, val.mv_size, fp, &m);
+    if (err) {
+        problem(v, err, "blob %s: META record: %s", hx, kvz_error_detail());
+        return;
+    }
+    uint64_t bytes = val.mv_size;
+    uint32_t found = 1;
+    for (uint32_t l = 0; l < m.n_layer && !v->stop; l++) {
+        make_key(key, hash, l);
+        k = (MDB_val){KEY_SIZE, key};
+        rc = mdb_get(txn, s->blobs, &k, &val);
+        if (rc) {
+            problem(v, rc == MDB_NOTFOUND ? KVZ_ERR_NOTFOUND : KVZ_ERR_LMDB,
+                    "blob %s: layer %u record %s", hx, l,
+                    rc == MDB_NOTFOUND ? "missing" : mdb_strerror(rc));
+            continue;
+        }
+        v->r.n_records++;
+        found++;
+        bytes += val.mv_size;
+        const uint64_t kept = kvz_blob_layer_kept(&m, l);
+        const uint64_t kvb = kept * m.head_dim * kvz_blob_dtype_size(m.dtype);
+        if (kvb > (1ull << 32)) {
+            problem(v, KVZ_ERR_FORMAT, "blob %s: layer %u claims %llu bytes", hx, l,
+                    (unsigned long long)kvb);
+            continue;
+        }
+        uint32_t *pos = malloc(kept * 4 + 1);
+        uint8_t *kb = malloc(kvb + 1), *vb = malloc(kvb + 1);
+        if (!pos || !kb || !vb) {
+            problem(v, KVZ_ERR_NOMEM, "blob %s: layer %u: out of memory", hx, l);
+        } else if ((err = kvz_blob_decode_layer(&m, l, val.mv_data, val.mv_size, pos, kb, vb))) {
+            problem(v, err, "blob %s: layer %u record: %s", hx, l, kvz_error_detail());
+        }
+        free(pos); free(kb); free(vb);
+    }
+    /* records carrying this hash: exactly META + n_layer LAYER records */
+    MDB_cursor *c;
+    uint64_t total = 0;
+    if (mdb_cursor_open(txn, s->blobs, &c) == 0) {
+        make_key(key, hash, 0);
+        MDB_val ck = {KEY_SIZE, key}, cv;
+        for (rc = mdb_cursor_get(c, &ck, &cv, MDB_SET_RANGE);
+             rc == 0 && ck.mv_size >= 16 && !memcmp(ck.mv_data, hash, 16);
+             rc = mdb_cursor_get(c, &ck, &cv, MDB_NEXT))
+            total++;
+        mdb_cursor_close(c);
+    }
+    if (total != (uint64_t)m.n_layer + 1)
+        problem(v, KVZ_ERR_FORMAT, "blob %s: %llu records stored, expected %u (META + %u layers)",
+                hx, (unsigned long long)total, m.n_layer + 1, m.n_layer);
+    if (found == m.n_layer + 1 && (ref_records != found || ref_bytes != bytes))
+        problem(v, KVZ_ERR_FORMAT, "blob %s: refs entry says %u records / %llu bytes, stored "
+                "%u / %llu", hx, ref_records, (unsigned long long)ref_bytes, found,
+                (unsigned long long)bytes);
+    kvz_blob_meta_free(&m);
+}
+
+int kvz_store_verify(kvz_store *s, kvz_store_problem_fn cb, void *user,
+                     kvz_store_verify_result *res)
+{
+    if (res) memset(res, 0, sizeof *res);
+    if (!s) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL store");
+    vstate v = {.cb = cb, .user = user};
+    kvz_store_read *r;
+    int err = kvz_store_read_begin(s, &r);
+    if (err) return err;
+    MDB_txn *txn = r->txn;
+    MDB_cursor *c = NULL;
+    MDB_val k, val;
+    int rc;
+    kvz_store_doc_info *info = malloc(sizeof *info);
+    hash_set hs = {0};
+    if (!info) { err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: verify"); goto out; }
+
+    /* meta */
+    uint8_t fp[16];
+    const uint8_t *fpp = NULL;
+    MDB_val kf = {8, "model_fp"}, kr = {sizeof RETIRED_KEY - 1, RETIRED_KEY};
+    if ((rc = mdb_get(txn, s->meta, &kf, &val)) == 0) {
+        if (val.mv_size == 16) { memcpy(fp, val.mv_data, 16); fpp = fp; }
+        else problem(&v, KVZ_ERR_FORMAT, "meta: model_fp is %zu bytes, not 16", val.mv_size);
+    }
+    if (mdb_get(txn, s->meta, &kr, &val) == 0)
+        problem(&v, KVZ_ERR_BUSY, "meta: these are the old files of a compacted store");
+
+    /* names */
+    if ((err = collect_doc_hashes(s, txn, &hs, 0))) goto out;
+    if ((rc = mdb_cursor_open(txn, s->docs, &c))) { err = lmdb_err(rc, "cursor"); goto out; }
+    for (rc = mdb_cursor_get(c, &k, &val, MDB_FIRST); rc == 0 && !v.stop;
+         rc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
+        v.r.n_docs++;
+        const int idl = k.mv_size > 200 ? 200 : (int)k.mv_size;
+        const char *id = k.mv_data;
+        if (k.mv_size < 1 || k.mv_size > KVZ_STORE_DOC_ID_MAX || memchr(id, 0, k.mv_size))
+            problem(&v, KVZ_ERR_FORMAT, "doc '%.*s': invalid doc id (%zu bytes)", idl, id, k.mv_size);
+        if ((err = info_decode(&val, info))) {
+            problem(&v, err, "doc '%.*s': entry does not decode: %s", idl, id, kvz_error_detail());
+            err = 0;
+            continue;
+        }
+        char hx[33];
+        hex16(info->hash, hx);
+        MDB_val kh = {16, info->hash}, vr;
+        int rc2 = mdb_get(txn, s->refs, &kh, &vr);
+        if (rc2 == MDB_NOTFOUND) {
+            problem(&v, KVZ_ERR_NOTFOUND, "doc '%.*s': names blob %s, which is not stored", idl, id, hx);
+        } else if (rc2) {
+            problem(&v, KVZ_ERR_LMDB, "doc '%.*s': %s", idl, id, mdb_strerror(rc2));
+        } else if (vr.mv_size == REFS_SIZE &&
+                   (get32((const uint8_t *)vr.mv_data + 4) != info->n_records ||
+                    get64((const uint8_t *)vr.mv_data + 8) != info->bytes_stored)) {
+            problem(&v, KVZ_ERR_FORMAT, "doc '%.*s': says %u records / %llu bytes, blob %s has "
+                    "%u / %llu", idl, id, info->n_records, (unsigned long long)info->bytes_stored,
+                    hx, get32((const uint8_t *)vr.mv_data + 4),
+                    (unsigned long long)get64((const uint8_t *)vr.mv_data + 8));
+        }
+    }
+    mdb_cursor_close(c);
+    c = NULL;
+    if (rc && rc != MDB_NOTFOUND) { err = lmdb_err(rc, "walk docs"); goto out; }
+
+    /* blobs through their refs entries */
+    if ((rc = mdb_cursor_open(txn, s->refs, &c))) { err = lmdb_err(rc, "cursor"); goto out; }
+    for (rc = mdb_cursor_get(c, &k, &val, MDB_FIRST); rc == 0 && !v.stop;
+         rc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
+        v.r.n_blobs++;
+        if (k.mv_size != 16 || val.mv_size != REFS_SIZE) {
+            problem(&v, KVZ_ERR_FORMAT, "refs: entry of %zu/%zu bytes (want 16/%d)", k.mv_size,
+                    val.mv_size, REFS_SIZE);
+            continue;
+        }
+        char hx[33];
+        hex16(k.mv_data, hx);
+        const uint8_t *rv = val.mv_data;
+        const uint64_t names = names_of(&hs, k.mv_data);
+        if (names == 0)
+            problem(&v, KVZ_ERR_FORMAT, "blob %s: no doc id names it (refcount %u; kvzip-store gc "
+                    "drops it)", hx, get32(rv));
+        else if (get32(rv) != names)
+            problem(&v, KVZ_ERR_FORMAT, "blob %s: refcount %u but %llu doc ids name it", hx,
+                    get32(rv), (unsigned long long)names);
+        verify_blob(s, txn, &v, k.mv_data, fpp, get32(rv + 4), get64(rv + 8));
+    }
+    mdb_cursor_close(c);
+    c = NULL;
+    if (rc && rc != MDB_NOTFOUND) { err = lmdb_err(rc, "walk refs"); goto out; }
+
+    /* records nobody accounts for */
+    if ((rc = mdb_cursor_open(txn, s->blobs, &c))) { err = lmdb_err(rc, "cursor"); goto out; }
+    uint8_t last[16];
+    int have_last = 0;
+    for (rc = mdb_cursor_get(c, &k, &val, MDB_FIRST); rc == 0 && !v.stop;
+         rc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
+        if (k.mv_size != KEY_SIZE) {
+            problem(&v, KVZ_ERR_FORMAT, "blobs: key of %zu bytes (want %d)", k.mv_size, KEY_SIZE);
+            continue;
+        }
+        if (have_last && !memcmp(last, k.mv_data, 16)) continue; /* one report per hash */
+        memcpy(last, k.mv_data, 16);
+        have_last = 1;
+        MDB_val kh = {16, last}, vr;
+        if (mdb_get(txn, s->refs, &kh, &vr) == MDB_NOTFOUND) {
+            char hx[33];
+            hex16(last, hx);
+            problem(&v, KVZ_ERR_FORMAT, "blob %s: records stored without a refs entry (orphans; "
+                    "kvzip-store gc drops them)", hx);
+        }
+    }
+    mdb_cursor_close(c);
+    c = NULL;
+    if (rc && rc != MDB_NOTFOUND) err = lmdb_err(rc, "walk blobs");
+out:
+    if (c) mdb_cursor_close(c);
+    free(hs.h);
+    free(info);
+    kvz_store_read_end(r);
+    if (res) *res = v.r;
+    if (!err && v.stop) err = v.stop;
+    return err;
+}
+
+/* ---- gc ---- */
+
+typedef struct {
+    kvz_store_gc_result r;
+} gc_ctx;
+
+/* Delete every record of @p hash; count them. */
+static int drop_records(kvz_store *s, MDB_txn *txn, const uint8_t *hash, gc_ctx *g)
+{
+    MDB_cursor *c;
+    int rc = mdb_cursor_open(txn, s->blobs, &c);
+    if (rc) return body_rc(rc, "cursor");
+    uint8_t key[KEY_SIZE];
+    make_key(key, hash, 0);
+    MDB_val ck = {KEY_SIZE, key}, cv;
+    rc = mdb_cursor_get(c, &ck, &cv, MDB_SET_RANGE);
+    while (rc == 0 && ck.mv_size >= 16 && !memcmp(ck.mv_data, hash, 16)) {
+        g->r.records_dropped++;
+        g->r.bytes_dropped += cv.mv_size;
+        if ((rc = mdb_cursor_del(c, 0))) break;
+        ck = (MDB_val){KEY_SIZE, key};
+        rc = mdb_cursor_get(c, &ck, &cv, MDB_SET_RANGE);
+    }
+    mdb_cursor_close(c);
+    return rc == MDB_NOTFOUND ? 0 : body_rc(rc, "delete records");
+}
+
+static int gc_body(kvz_store *s, MDB_txn *txn, void *vctx)
+{
+    gc_ctx *g = vctx;
+    memset(&g->r, 0, sizeof g->r); /* the body may be re-run after map growth */
+    hash_set hs;
+    int err = collect_doc_hashes(s, txn, &hs, 1);
+    if (err) return err;
+    /* pass 1: refs entries -> drop or fix (collected first: no writes under a cursor) */
+    MDB_stat ms;
+    int rc = mdb_stat(txn, s->refs, &ms);
+    uint8_t (*drop)[16] = NULL, (*fix)[16 + REFS_SIZE] = NULL;
+    size_t n_drop = 0, n_fix = 0;
+    MDB_cursor *c = NULL;
+    if (!rc) {
+        drop = malloc((ms.ms_entries + 1) * 16);
+        fix = malloc((ms.ms_entries + 1) * (16 + REFS_SIZE));
+        if (!drop || !fix) { err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: gc"); goto out; }
+        rc = mdb_cursor_open(txn, s->refs, &c);
+    }
+    MDB_val k, v;
+    if (!rc) {
+        for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+            if (k.mv_size != 16 || v.mv_size != REFS_SIZE) continue; /* left for verify */
+            const uint64_t names = names_of(&hs, k.mv_data);
+            if (names == 0 && n_drop <= ms.ms_entries) {
+                memcpy(drop[n_drop++], k.mv_data, 16);
+            } else if (names != get32(v.mv_data) && n_fix <= ms.ms_entries) {
+                memcpy(fix[n_fix], k.mv_data, 16);
+                memcpy(fix[n_fix] + 16, v.mv_data, REFS_SIZE);
+                put32(fix[n_fix] + 16, names > UINT32_MAX ? UINT32_MAX : (uint32_t)names);
+                n_fix++;
+            }
+        }
+        mdb_cursor_close(c);
+        c = NULL;
+        rc = rc == MDB_NOTFOUND ? 0 : rc;
+    }
+    if (rc) { err = body_rc(rc, "walk refs"); goto out; }
+    for (size_t i = 0; i < n_drop && !err; i++) {
+        MDB_val kh = {16, drop[i]};
+        if ((err = body_rc(mdb_del(txn, s->refs, &kh, NULL), "delete refs"))) break;
+        err = drop_records(s, txn, drop[i], g);
+        g->r.blobs_dropped++;
+    }
+    for (size_t i = 0; i < n_fix && !err; i++) {
+        MDB_val kh = {16, fix[i]}, nv = {REFS_SIZE, fix[i] + 16};
+        err = body_rc(mdb_put(txn, s->refs, &kh, &nv, 0), "write refs");
+        g->r.refs_fixed++;
+    }
+    if (err) goto out;
+    /* pass 2: records whose hash has no refs entry, one hash at a time */
+    for (;;) {
+        uint8_t orphan[16];
+        int found = 0;
+        if ((rc = mdb_cursor_open(txn, s->blobs, &c))) { err = body_rc(rc, "cursor"); goto out; }
+        rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
+        while (rc == 0) {
+            if (k.mv_size < 16) { /* malformed key: reported by verify, kept */
+                rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
+                continue;
+            }
+            MDB_val kh = {16, k.mv_data}, vr;
+            if (mdb_get(txn, s->refs, &kh, &vr) == MDB_NOTFOUND) {
+                memcpy(orphan, k.mv_data, 16);
+                found = 1;
+                break;
+            }
+            /* jump to the first record of the next hash: (hash + 1) || 0 */
+            uint8_t next[KEY_SIZE] = {0};
+            memcpy(next, k.mv_data, 16);
+            int carry = 1;
+            for (int i = 15; i >= 0 && carry; i--) carry = ++next[i] == 0;
+            if (carry) { rc = MDB_NOTFOUND; break; }
+            k = (MDB_val){KEY_SIZE, next};
+            rc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE);
+        }
+        mdb_cursor_close(c);
+        c = NULL;
+        if (rc && rc != MDB_NOTFOUND) { err = body_rc(rc, "walk blobs"); goto out; }
+        if (!found) break;
+        uint64_t before = g->r.records_dropped;
+        if ((err = drop_records(s, txn, orphan, g))) goto out;
+        g->r.orphan_records += g->r.records_dropped - before;
+    }
+    if (!g->r.blobs_dropped && !g->r.refs_fixed && !g->r.orphan_records) err = NOOP_INTERNAL;
+out:
+    if (c) mdb_cursor_close(c);
+    free(drop);
+    free(fix);
+    free(hs.h);
+    return err;
+}
+
+int kvz_store_gc(kvz_store *s, kvz_store_gc_result *res)
+{
+    if (res) memset(res, 0, sizeof *res);
+    if (!s) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL store");
+    gc_ctx g;
+    memset(&g, 0, sizeof g);
+    int err = run_write(s, gc_body, &g, 1 << 20);
+    if (!err && res) *res = g.r;
+    return err;
+}
+
+/* ---- compact ---- */
+
+/* snprintf into a path buffer; -1 when it does not fit. */
+static int pathf(char *out, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, cap, fmt, ap);
+    va_end(ap);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+/* Remove a store directory we made (data.mdb, lock.mdb, the folder); nothing else. */
+static void rm_store_dir(const char *d)
+{
+    char p[4200];
+    pathf(p, sizeof p, "%s/data.mdb", d);
+    unlink(p);
+    pathf(p, sizeof p, "%s/lock.mdb", d);
+    unlink(p);
+    rmdir(d);
+}
+
+/* Leftovers of a compaction that crashed: ".<base>.compact.*" / ".<base>.old.*". */
+static void clean_stale(const char *parent, const char *base)
+{
+    DIR *d = opendir(parent);
+    if (!d) return;
+    char pre1[512], pre2[512];
+    pathf(pre1, sizeof pre1, ".%s.compact.", base);
+    pathf(pre2, sizeof pre2, ".%s.old.", base);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, pre1, strlen(pre1)) && strncmp(e->d_name, pre2, strlen(pre2))) continue;
+        char p[4200];
+        pathf(p, sizeof p, "%s/%s", parent, e->d_name);
+        rm_store_dir(p);
+    }
+    closedir(d);
+}
+
+static int fsync_path(const char *p)
+{
+    int fd = open(p, O_RDONLY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+/* The copy opens as a kvzip store of our version. */
+static int check_copy(const char *dir)
+{
+    MDB_env *env;
+    MDB_txn *txn = NULL;
+    MDB_dbi dbi;
+    MDB_val k = {14, "format_version"}, v;
+    int rc = mdb_env_create(&env);
+    if (rc) return lmdb_err(rc, "mdb_env_create");
+    mdb_env_set_maxdbs(env, 8);
+    rc = mdb_env_open(env, dir, MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS, 0644);
+    if (!rc) rc = mdb_txn_begin(env, NULL, MDB_RDONLY, &txn);
+    if (!rc) rc = mdb_dbi_open(txn, "meta", 0, &dbi);
+    if (!rc) rc = mdb_get(txn, dbi, &k, &v);
+    int err = rc ? lmdb_err(rc, "check compacted copy") : 0;
+    if (!err && (v.mv_size != 4 || get32(v.mv_data) != KVZ_STORE_VERSION))
+        err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: compacted copy has no valid format_version");
+    if (txn) mdb_txn_abort(txn);
+    mdb_env_close(env);
+    return err;
+}
+
+int kvz_store_compact(kvz_store *s, uint64_t *bytes_before, uint64_t *bytes_after)
+{
+    if (bytes_before) *bytes_before = 0;
+    if (bytes_after) *bytes_after = 0;
+    if (!s) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL store");
+    if (s->readonly) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: store opened read-only");
+    /* parent folder and name of the store directory */
+    char dir[4096], parent[4096], tmp[4200], old[4200];
+    snprintf(dir, sizeof dir, "%s", s->dir);
+    size_t dl = strlen(dir);
+    while (dl > 1 && dir[dl - 1] == '/') dir[--dl] = 0;
+    const char *slash = strrchr(dir, '/');
+    const char *base = slash ? slash + 1 : dir;
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == dir) snprintf(parent, sizeof parent, "/");
+    else snprintf(parent, sizeof parent, "%.*s", (int)(slash - dir), dir);
+    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_store: cannot compact '%s': give the store "
+                             "folder by name", s->dir);
+    if (strlen(s->dir) >= sizeof dir ||
+        pathf(tmp, sizeof tmp, "%s/.%s.compact.%ld", parent, base, (long)getpid()) ||
+        pathf(old, sizeof old, "%s/.%s.old.%ld", parent, base, (long)getpid()))
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_store: store path too long");
+
+    /* 1. the writer lock, through a write transaction held until the end */
+    MDB_txn *w = NULL;
+    int rc, err = 0;
+    for (int attempt = 0; attempt < 8 && !w; attempt++) {
+        pthread_rwlock_rdlock(&s->lock);
+        rc = mdb_txn_begin(s->env, NULL, 0, &w);
+        if (rc == 0) break;
+        pthread_rwlock_unlock(&s->lock);
+        w = NULL;
+        err = rc == MDB_MAP_RESIZED ? adopt_mapsize(s) : lmdb_err(rc, "begin write txn");
+        if (err) return err;
+    }
+    if (!w) return kvz_error_set(KVZ_ERR_BUSY, "kvz_store: map keeps being resized");
+    if ((err = check_retired(s, w))) goto abort;
+    clean_stale(parent, base);
+
+    /* 2. the compacted copy */
+    char p[4300];
+    struct stat st;
+    pathf(p, sizeof p, "%s/data.mdb", dir);
+    if (stat(p, &st) == 0 && bytes_before) *bytes_before = (uint64_t)st.st_size;
+    if (mkdir(tmp, 0755)) {
+        err = kvz_error_set(KVZ_ERR_IO, "kvz_store: mkdir %s: %s", tmp, strerror(errno));
+        goto abort;
+    }
+    rc = mdb_env_copy2(s->env, tmp, MDB_CP_COMPACT);
+    if (rc) { err = lmdb_err(rc, "compacting copy"); goto cleanup; }
+    pathf(p, sizeof p, "%s/data.mdb", tmp);
+    if (fsync_path(p) || fsync_path(tmp)) {
+        err = kvz_error_set(errno == ENOSPC ? KVZ_ERR_FULL : KVZ_ERR_IO, "kvz_store: fsync %s: %s",
+                            p, strerror(errno));
+        goto cleanup;
+    }
+    if (stat(p, &st) == 0 && bytes_after) *bytes_after = (uint64_t)st.st_size;
+    if ((err = check_copy(tmp))) goto cleanup;
+
+    /* 3. swap */
+    const char *gone = tmp; /* where the old files end up */
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE)) {
+        if (errno != EINVAL && errno != ENOSYS) {
+            err = kvz_error_set(KVZ_ERR_IO, "kvz_store: swapping %s and %s: %s", tmp, dir,
+                                strerror(errno));
+            goto cleanup;
+        }
+        if (rename(dir, old)) {
+            err = kvz_error_set(KVZ_ERR_IO, "kvz_store: rename %s: %s", dir, strerror(errno));
+            goto cleanup;
+        }
+        if (rename(tmp, dir)) {
+            err = kvz_error_set(KVZ_ERR_IO, "kvz_store: rename %s: %s", tmp, strerror(errno));
+            rename(old, dir); /* put the original back */
+            goto cleanup;
+        }
+        gone = old;
+    }
+    fsync_path(parent);
+
+    /* 4. mark the old files so writers that still have them open fail cleanly */
+    MDB_val k = {sizeof RETIRED_KEY - 1, RETIRED_KEY}, v = {1, "1"};
+    if (mdb_put(w, s->meta, &k, &v, 0) == 0) mdb_txn_commit(w);
+    else mdb_txn_abort(w);
+    pthread_rwlock_unlock(&s->lock);
+    s->retired = 1;
+    rm_store_dir(gone);
+    return 0;
+
+cleanup:
+    rm_store_dir(tmp);
+abort:
+    mdb_txn_abort(w);
+    pthread_rwlock_unlock(&s->lock);
+    return err;
 }

@@ -10,7 +10,8 @@
  *              point at the blob; the blob is deleted when it drops to 0).
  *   - "docs":  doc id (1..511 bytes, no NUL) -> doc info (kvz_store_doc_info).
  *   - "meta":  "format_version" (u32 LE), "created_by" (text), "model_fp" (16 bytes,
- *              set by the first put_doc).
+ *              set by the first put_doc); "retired" only in the old files of a
+ *              compacted store (kvz_store_compact): writes then fail with KVZ_ERR_BUSY.
  * A store holds blobs of exactly one model: opening it with another fingerprint,
  * or putting a blob made by another model, fails with KVZ_ERR_MODEL.
  *
@@ -230,6 +231,106 @@ int kvz_store_read_meta(kvz_store_read *r, const uint8_t hash[16], const uint8_t
  */
 int kvz_store_read_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l,
                          const uint8_t **rec, size_t *len);
+
+/* ------------------------------------------------------------------------- */
+/* Maintenance: verify, garbage-collect, compact                              */
+
+/** kvz_store_verify() output. */
+typedef struct kvz_store_verify_result {
+    uint64_t n_docs;      /**< doc entries checked */
+    uint64_t n_blobs;     /**< refs entries (blobs) checked */
+    uint64_t n_records;   /**< records read and decoded */
+    uint64_t n_problems;  /**< problems reported through the callback */
+} kvz_store_verify_result;
+
+/**
+ * Problem callback of kvz_store_verify(): @p err is the KVZ_ERR_* class of the
+ * problem, @p msg one line without a newline naming the doc id / blob hash /
+ * record and what is wrong (valid during the call only). Return nonzero to stop.
+ */
+typedef int (*kvz_store_problem_fn)(void *user, int err, const char *msg);
+
+/**
+ * Check the whole store inside one read transaction (a consistent snapshot;
+ * writers may run meanwhile). Checks:
+ *   - meta: format_version (checked at open), model_fp 16 bytes when present,
+ *     no "retired" marker;
+ *   - every "docs" entry decodes, its hash has a "refs" entry, and its
+ *     n_records / bytes_stored equal that entry's;
+ *   - every "refs" entry: refcount = number of doc ids naming the hash (>= 1),
+ *     n_records = 1 + n_layer, bytes = sum of its record lengths;
+ *   - every blob: the META record decodes with the store's model fingerprint
+ *     (kvz_blob_decode_meta), every LAYER record 0..n_layer-1 is present and
+ *     decodes completely (record checksum, zstd, payload checksum, positions),
+ *     no other record carries its hash;
+ *   - every "blobs" key is 20 bytes and belongs to a hash in "refs" (no orphans).
+ * Each problem is reported once through @p cb (may be NULL) and counted.
+ * Memory: one layer's decoded arrays at a time.
+ * @param res  out (may be NULL).
+ * @return 0 when the walk completed (look at res->n_problems), the callback's
+ *         nonzero value, or KVZ_ERR_LMDB / KVZ_ERR_BUSY / KVZ_ERR_NOMEM when the
+ *         store could not be walked.
+ */
+int kvz_store_verify(kvz_store *s, kvz_store_problem_fn cb, void *user,
+                     kvz_store_verify_result *res);
+
+/** kvz_store_gc() output. */
+typedef struct kvz_store_gc_result {
+    uint64_t blobs_dropped;    /**< refs entries no doc id names, deleted with their records */
+    uint64_t records_dropped;  /**< records deleted (of dropped blobs and orphans) */
+    uint64_t bytes_dropped;    /**< their bytes */
+    uint64_t orphan_records;   /**< records whose hash had no refs entry (included above) */
+    uint64_t refs_fixed;       /**< refcounts rewritten to the number of names */
+} kvz_store_gc_result;
+
+/**
+ * Garbage-collect in ONE write transaction: recount the doc ids naming each
+ * hash; delete every blob no doc id names (its refs entry and records); fix
+ * refcounts that disagree with the names; delete records whose hash has no refs
+ * entry. With the normal write path refcounts never drift, so on a healthy store
+ * this finds nothing and commits nothing. Doc ids whose blob is missing are
+ * left alone (kvz_store_verify reports them; re-ingest or delete them).
+ * The freed pages are reused by later writes; the file does not shrink (see
+ * kvz_store_compact()).
+ * @param res  out (may be NULL).
+ * @return 0; KVZ_ERR_ARG (READONLY); KVZ_ERR_FORMAT (a doc entry that does not
+ *         decode: nothing deleted); KVZ_ERR_FULL; KVZ_ERR_BUSY; KVZ_ERR_LMDB; KVZ_ERR_NOMEM.
+ */
+int kvz_store_gc(kvz_store *s, kvz_store_gc_result *res);
+
+/**
+ * Replace the store's files by a compacted copy (free pages dropped, pages
+ * renumbered), so data.mdb shrinks to what is in use. Steps:
+ *   1. begin a write transaction on @p s: this holds LMDB's writer lock, so no
+ *      writer of any process can commit while the copy is made;
+ *   2. mdb_env_copy2(MDB_CP_COMPACT) of the last committed snapshot into a new
+ *      directory ".<name>.compact.<pid>" beside the store (same filesystem),
+ *      fsync'd and re-opened read-only as a check;
+ *   3. swap the two directories atomically (renameat2 RENAME_EXCHANGE; where the
+ *      filesystem lacks it, two renames with a short window in which the store
+ *      path is missing);
+ *   4. write a "retired" marker into the OLD environment and commit, releasing
+ *      the writer lock; delete the old files.
+ * Other processes: one that opens the store after step 3 sees the new files.
+ * One that had it open before keeps the old (deleted) files mapped: its reads
+ * still see a consistent (old) snapshot, and every write it attempts — including
+ * writers that were blocked on the lock during the copy — fails with
+ * KVZ_ERR_BUSY ("replaced by a compacted copy; reopen") because of the marker,
+ * so no committed write is lost. The one gap: a crash between steps 3 and 4
+ * leaves the old files unmarked, and a process that still has them open could
+ * then commit into them unseen. So: run compaction when no ingest is running
+ * (kvzip-store gc --compact documents this too). A crash before step 3 leaves
+ * the store as it was plus a stale ".compact." directory, removed by the next
+ * compaction.
+ * After success @p s is retired: every write through it fails with
+ * KVZ_ERR_BUSY; close it and open the store again.
+ * Needs free disk space for the copy (about the size of the data in use).
+ * @param bytes_before,bytes_after  out (may be NULL): data.mdb sizes.
+ * @return 0; KVZ_ERR_ARG (READONLY, NULL); KVZ_ERR_IO (mkdir/rename/fsync,
+ *         errno in detail); KVZ_ERR_FULL (disk full during the copy: store
+ *         untouched); KVZ_ERR_BUSY; KVZ_ERR_LMDB; KVZ_ERR_NOMEM.
+ */
+int kvz_store_compact(kvz_store *s, uint64_t *bytes_before, uint64_t *bytes_after);
 
 #ifdef __cplusplus
 }
