@@ -30,10 +30,15 @@ static void usage(void)
         "\n"
         "  --store DIR        store folder (default: $KVZ_STORE or ./%s)\n"
         "  --model PATH       GGUF model (default: $KVZ_MODEL or %s)\n"
+        "  --synthetic NAME   random-weight model of a named shape instead of --model\n"
+        "                     (smollm2-135m, llama3-8b, qwen2.5-7b, tiny-llama, tiny-qwen2,\n"
+        "                     tiny-qwen3); byte-level tokenizer, for tests and benchmarks\n"
         "  --ratio R          fraction of context KV pairs kept, in (0, 1] (default 0.3)\n"
         "  --mode M           global (one threshold over all heads, default) or uniform\n"
         "  --kv-dtype T       stored K/V type: f16 (default), bf16 or f32\n"
         "  --id ID            document id (one FILE argument only)\n"
+        "  --part-tokens N    split documents longer than N tokens into parts (default and\n"
+        "                     maximum: what the model allows)\n"
         "  --threads N        CPU threads (default: all cores)\n"
         "  --device D         cpu, cuda or auto (default auto)\n"
         "  --json             print the summary as one JSON object on stdout\n"
@@ -142,8 +147,8 @@ static int on_progress(void *ctx, int64_t done, int64_t total)
 int main(int argc, char **argv)
 {
     cli_prog = "kvzip-ingest";
-    const char *store_flag = NULL, *model_flag = NULL, *id_flag = NULL;
-    long threads = 0;
+    const char *store_flag = NULL, *model_flag = NULL, *synth_flag = NULL, *id_flag = NULL;
+    long threads = 0, part_tokens = 0;
     int json = 0, quiet = 0;
     int32_t device = KVZ_DEVICE_AUTO;
     kvz_ingest_opts o;
@@ -155,6 +160,7 @@ int main(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         else if (!strcmp(a, "--store")) store_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--model")) model_flag = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--synthetic")) synth_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--ratio")) {
             o.kp.ratio = (float)cli_parse_double(a, cli_value(argc, argv, &i), 1e-6, 1.0);
         } else if (!strcmp(a, "--mode")) {
@@ -169,6 +175,7 @@ int main(int argc, char **argv)
             else if (!strcmp(v, "f32")) o.dtype = KVZ_DTYPE_F32;
             else cli_usage_error("--kv-dtype expects f16, bf16 or f32, got '%s'", v);
         } else if (!strcmp(a, "--id")) id_flag = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--part-tokens")) part_tokens = cli_parse_long(a, cli_value(argc, argv, &i), 16, 1 << 30);
         else if (!strcmp(a, "--threads")) threads = cli_parse_long(a, cli_value(argc, argv, &i), 1, 1024);
         else if (!strcmp(a, "--device")) device = cli_parse_device(cli_value(argc, argv, &i));
         else if (!strcmp(a, "--json")) json = 1;
@@ -206,7 +213,7 @@ int main(int argc, char **argv)
     }
 
     kvz_model *m;
-    int rc = cli_load_model(cli_model_path(model_flag), NULL, device, (int32_t)threads, &m);
+    int rc = cli_load_model(cli_model_path(model_flag), synth_flag, device, (int32_t)threads, &m);
     if (rc) return cli_model_exit(rc);
     const kvz_tokenizer *tok = kvz_model_tokenizer(m);
     uint8_t fp[16];
@@ -248,7 +255,8 @@ int main(int argc, char **argv)
         total += (int64_t)toks[i].n * 2;
     }
 
-    const int32_t max_part = kvz_ingest_max_part_tokens(m);
+    int32_t max_part = kvz_ingest_max_part_tokens(m);
+    if (part_tokens > 0 && part_tokens < max_part) max_part = (int32_t)part_tokens;
     progress pr = {.tty = isatty(2), .quiet = quiet || json, .total = total, .t0 = kvz_now()};
     int n_written = 0, n_unchanged = 0, n_parts = 0;
     int64_t tokens_done = 0, pairs_total = 0, pairs_kept = 0;
