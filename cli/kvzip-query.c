@@ -26,6 +26,9 @@ static void usage(void)
         "\n"
         "Model and device:\n"
         "  --model PATH       GGUF model (default: $KVZ_MODEL or %s)\n"
+        "  --synthetic NAME   random-weight model of a named shape instead of --model\n"
+        "                     (smollm2-135m, llama3-8b, qwen2.5-7b, tiny-llama, tiny-qwen2,\n"
+        "                     tiny-qwen3); byte-level tokenizer, for tests and benchmarks\n"
         "  --threads N        CPU threads (default: all cores)\n"
         "  --device D         cpu, cuda or auto (default: auto = cuda when a GPU is usable)\n"
         "\n"
@@ -84,7 +87,7 @@ static int on_token(void *ctx, int32_t id)
 int main(int argc, char **argv)
 {
     cli_prog = "kvzip-query";
-    const char *text_path = NULL, *model_flag = NULL, *doc_id = NULL, *store_flag = NULL;
+    const char *text_path = NULL, *model_flag = NULL, *synth_flag = NULL, *doc_id = NULL, *store_flag = NULL;
     long budget = 1024;
     long max_tokens = 256, threads = 0, seed = 1;
     double temperature = 0.0, top_p = 1.0;
@@ -100,6 +103,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--store")) store_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--budget")) budget = cli_parse_long(a, cli_value(argc, argv, &i), 0, 1 << 20);
         else if (!strcmp(a, "--model")) model_flag = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--synthetic")) synth_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--threads")) threads = cli_parse_long(a, cli_value(argc, argv, &i), 1, 1024);
         else if (!strcmp(a, "--device")) device = cli_parse_device(cli_value(argc, argv, &i));
         else if (!strcmp(a, "--max-tokens")) max_tokens = cli_parse_long(a, cli_value(argc, argv, &i), 1, 1 << 20);
@@ -125,7 +129,7 @@ int main(int argc, char **argv)
         return cli_exit_code(rc);
     }
     kvz_model *m;
-    if ((rc = cli_load_model(cli_model_path(model_flag), NULL, device, (int32_t)threads, &m)))
+    if ((rc = cli_load_model(cli_model_path(model_flag), synth_flag, device, (int32_t)threads, &m)))
         return cli_model_exit(rc);
     const kvz_config *c = kvz_model_config(m);
     const kvz_tokenizer *tok = kvz_model_tokenizer(m);

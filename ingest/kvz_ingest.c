@@ -7,6 +7,9 @@
 #include "kvz_error.h"
 #include "kvz_generate.h"
 #include "kvz_quant.h"
+#ifdef KVZ_HAVE_CUDA
+#include "kvz_model_impl.h" /* kvz_cuda_kvzip_select: selection + compaction on the device */
+#endif
 
 /* Positions past the document: the repeat pass uses up to chunk + ~64 of them;
  * questions and answers reuse the same positions afterwards, so they get about as
@@ -157,8 +160,17 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
     if ((rc = kvz_kvzip_score(m, kv, all.ids, n_prefix, ctx, n_ctx, &o->kp, scores, o->progress,
                               o->progress_ctx)))
         goto free_work;
-    int64_t kept = kvz_kvzip_select(scores, c->n_layer, c->n_kv_head, n_ctx, o->kp.ratio,
-                                    o->kp.mode, keep, counts);
+    /* device: top-k and compaction on the GPU; the cache then holds only kept rows */
+    int compact = 0;
+    int64_t kept;
+#ifdef KVZ_HAVE_CUDA
+    if (kvz_model_device(m) == KVZ_DEVICE_CUDA) {
+        compact = 1;
+        kept = kvz_cuda_kvzip_select(kv, n_prefix, n_ctx, o->kp.ratio, o->kp.mode, keep, counts);
+    } else
+#endif
+        kept = kvz_kvzip_select(scores, c->n_layer, c->n_kv_head, n_ctx, o->kp.ratio,
+                                o->kp.mode, keep, counts);
     if (kept < 0) {
         rc = (int)kept;
         goto free_work;
@@ -186,8 +198,10 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
             for (int h = 0; h < c->n_kv_head && !rc; h++) {
                 if ((rc = kvz_kv_get_head(kv, l, h, kf, vf, pf))) break;
                 const uint8_t *kp = keep + ((size_t)l * c->n_kv_head + h) * n_ctx;
-                for (int32_t j = 0; j < n_prefix + n_ctx; j++) {
-                    if (j >= n_prefix && !kp[j - n_prefix]) continue;
+                const int32_t nrows = compact ? (int32_t)counts[(size_t)l * c->n_kv_head + h]
+                                              : n_prefix + n_ctx;
+                for (int32_t j = 0; j < nrows; j++) {
+                    if (!compact && j >= n_prefix && !kp[j - n_prefix]) continue;
                     pos[row] = (uint32_t)pf[j];
                     convert_rows(o->dtype, kf + (size_t)j * hd, kb + row * hd * esz, (size_t)hd);
                     convert_rows(o->dtype, vf + (size_t)j * hd, vb + row * hd * esz, (size_t)hd);

@@ -10,6 +10,9 @@
 #include "kvz_error.h"
 #include "kvz_generate.h"
 #include "kvz_vmath.h"
+#ifdef KVZ_HAVE_CUDA
+#include "kvz_model_impl.h" /* kvz_cuda_kvzip_repeat: the device scoring pass */
+#endif
 
 void kvz_kvzip_defaults(kvz_kvzip_params *p)
 {
@@ -178,6 +181,23 @@ int kvz_kvzip_score(kvz_model *m, kvz_kv *kv, const int32_t *prefix, int32_t n_p
     free(all);
     if (rc) return rc;
 
+#ifdef KVZ_HAVE_CUDA
+    if (kvz_model_device(m) == KVZ_DEVICE_CUDA) {
+        /* device: fused score kernel per layer inside the repeat pass */
+        kvz_tokens rin = {0};
+        for (int32_t t = 0; t < n_chunks && !rc; t++) {
+            rin.n = 0;
+            if ((rc = kvz_kvzip_repeat_input(tok, ctx, n_ctx, t, p, &rin))) break;
+            const int32_t c0 = t * p->chunk, c1 = c0 + p->chunk < n_ctx ? c0 + p->chunk : n_ctx;
+            rc = kvz_cuda_kvzip_repeat(m, kv, rin.ids, (int32_t)rin.n, n_all, n_prefix, c0, c1,
+                                       scores, n_ctx);
+            done += c1 - c0 + 32;
+            if (!rc && progress) rc = progress(progress_ctx, done < total ? done : total, total);
+        }
+        kvz_tokens_free(&rin);
+        return rc;
+    }
+#endif
     score_ctx sc = {.c = c, .n_prefix = n_prefix, .n_ctx = n_ctx, .scores = scores};
     kvz_layer_hook hook = {.fn = score_hook, .ctx = &sc};
     kvz_tokens rin = {0};

@@ -80,6 +80,9 @@ void kvz_kv_clear(kvz_kv *kv)
     kv->evictions = 0;
     if (kv->opos)
         for (size_t i = 0; i < (size_t)kv->n_layer * (size_t)kv->out_slots; i++) kv->opos[i] = -1;
+#ifdef KVZ_HAVE_CUDA
+    if (kv->cuda) kvz_cuda_kv_sync(kv, 1); /* errors surface at the next forward */
+#endif
 }
 
 void kvz_kv_checkpoint(kvz_kv *kv)
@@ -100,6 +103,9 @@ void kvz_kv_rollback(kvz_kv *kv)
     kv->evictions = 0;
     if (kv->opos)
         for (size_t i = 0; i < (size_t)kv->n_layer * (size_t)kv->out_slots; i++) kv->opos[i] = -1;
+#ifdef KVZ_HAVE_CUDA
+    if (kv->cuda) kvz_cuda_kv_sync(kv, 1); /* errors surface at the next forward */
+#endif
 }
 
 int64_t kvz_kv_len(const kvz_kv *kv, int32_t layer, int32_t head)
@@ -113,6 +119,9 @@ void kvz_kv_truncate(kvz_kv *kv, int64_t n)
 {
     for (size_t i = 0; i < (size_t)kv->n_layer * (size_t)kv->n_kv_head; i++)
         if (kv->len[i] > n) kv->len[i] = n;
+#ifdef KVZ_HAVE_CUDA
+    if (kv->cuda) kvz_cuda_kv_sync(kv, 0);
+#endif
 }
 
 void kvz_kv_set_sinks(kvz_kv *kv, int32_t n_sink) { kv->n_sink = n_sink < 0 ? 0 : n_sink; }
@@ -142,8 +151,6 @@ int kvz_kv_set_layer(kvz_kv *kv, int32_t layer, const uint32_t *counts, const in
                                  "capacity %lld", layer, h, counts[h], (long long)kv->cap);
 #ifdef KVZ_HAVE_CUDA
     if (kv->cuda) {
-        extern int kvz_cuda_kv_set_layer(kvz_kv *, int32_t, const uint32_t *, const int32_t *,
-                                         const float *, const float *);
         return kvz_cuda_kv_set_layer(kv, layer, counts, pos, k, v);
     }
 #endif
@@ -165,8 +172,6 @@ int kvz_kv_get_head(const kvz_kv *kv, int32_t layer, int32_t head, float *k, flo
 {
 #ifdef KVZ_HAVE_CUDA
     if (kv->cuda) {
-        extern int kvz_cuda_kv_get_head(const kvz_kv *, int32_t, int32_t, float *, float *,
-                                        int32_t *);
         return kvz_cuda_kv_get_head(kv, layer, head, k, v, pos);
     }
 #endif

@@ -193,14 +193,18 @@ static inline uint64_t mix64(uint64_t z)
     return z ^ (z >> 31);
 }
 
-/* Uniform in [lo, hi), rounded to bf16. Tensor @p tid, element @p i. */
+/* Uniform in [lo, hi), rounded to bf16. Tensor @p tid, element @p i.
+ * The affine map runs in double: (hi-lo)·u is exact there, so the result does not
+ * depend on whether a compiler contracts it into an FMA. The CUDA backend
+ * (kernels/kvz_cuda_backend.cu, synth_kernel) reproduces this bit for bit. */
 static void synth_fill(float *dst, int64_t n, uint64_t seed, uint64_t tid, float lo, float hi)
 {
     const uint64_t base = mix64(seed ^ mix64(tid + 0x9e3779b97f4a7c15ULL));
+    const double span = (double)(hi - lo);
     for (int64_t i = 0; i < n; i++) {
         uint64_t r = mix64(base + (uint64_t)i * 0x9e3779b97f4a7c15ULL);
-        float u = (float)(r >> 40) * (1.0f / 16777216.0f);
-        dst[i] = kvz_bf16_to_fp32(kvz_fp32_to_bf16(lo + (hi - lo) * u));
+        double u = (double)(r >> 40) * (1.0 / 16777216.0);
+        dst[i] = kvz_bf16_to_fp32(kvz_fp32_to_bf16((float)((double)lo + span * u)));
     }
 }
 
@@ -287,7 +291,7 @@ static uint64_t host_weight_bytes(const kvz_config *c)
     return 4 * (per * c->n_layer + (uint64_t)c->n_vocab * d * (c->tied_embd ? 1 : 2));
 }
 
-static int model_init(kvz_model *m, const kvz_model_opts *opts)
+static int model_init(kvz_model *m, const kvz_model_opts *opts, int synthetic)
 {
     const kvz_config *c = &m->cfg;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -303,7 +307,9 @@ static int model_init(kvz_model *m, const kvz_model_opts *opts)
         return kvz_error_set(KVZ_ERR_NODEV, "--device cuda: this build has no CUDA backend");
 #endif
     m->device = dev;
-    uint64_t need = host_weight_bytes(c), have = phys_mem_bytes();
+    /* synthetic weights on the GPU are generated there: no host copy */
+    uint64_t need = synthetic && dev == KVZ_DEVICE_CUDA ? 0 : host_weight_bytes(c);
+    uint64_t have = phys_mem_bytes();
     if (have && need > have / 10 * 8)
         return kvz_error_set(KVZ_ERR_NOMEM, "%s needs %.1f GiB of host memory for fp32 weights; "
                              "this machine has %.1f GiB", c->name, need / 1073741824.0,
@@ -349,7 +355,7 @@ int kvz_model_load(const char *path, const kvz_model_opts *opts, kvz_model **out
     if (!m) return KVZ_ERR_NOMEM;
     int rc = kvz_gguf_open(path, &m->gguf);
     if (!rc) rc = config_from_gguf(m->gguf, &m->cfg);
-    if (!rc) rc = model_init(m, opts);
+    if (!rc) rc = model_init(m, opts, 0);
     if (!rc) rc = load_weights_gguf(m);
     if (!rc) rc = kvz_tokenizer_from_gguf(m->gguf, &m->tok);
     if (!rc) {
@@ -371,8 +377,12 @@ int kvz_model_synthetic(const char *name, const kvz_model_opts *opts, kvz_model 
     if (!m) return KVZ_ERR_NOMEM;
     uint64_t seed = opts && opts->seed ? opts->seed : 0x6b767a6970ULL;
     int rc = kvz_synthetic_config(name, &m->cfg);
-    if (!rc) rc = model_init(m, opts);
-    if (!rc) rc = load_weights_synth(m, seed);
+    if (!rc) rc = model_init(m, opts, 1);
+    m->synthetic = 1;
+    m->synth_seed = seed;
+    /* CUDA: kvz_cuda_model_init generates the same values on the device */
+    if (!rc && m->device != KVZ_DEVICE_CUDA) rc = load_weights_synth(m, seed);
+    if (!rc) rc = kvz_tokenizer_bytes(m->cfg.n_vocab, &m->tok);
     if (!rc) {
         char spec[128];
         int n = snprintf(spec, sizeof spec, "kvzip-synthetic-v1:%s:%llu", name,

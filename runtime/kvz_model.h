@@ -77,7 +77,9 @@ int kvz_model_load(const char *path, const kvz_model_opts *opts, kvz_model **out
  * Build a random-weight model of a named shape: "smollm2-135m", "llama3-8b",
  * "qwen2.5-7b", and small test shapes "tiny-llama", "tiny-qwen2", "tiny-qwen3".
  * Weights are drawn by a counter-based generator and rounded to bf16, so every
- * backend sees identical values. No tokenizer (kvz_model_tokenizer returns NULL).
+ * backend sees identical values (on the CUDA backend they are generated on the
+ * device, bit-identical). The tokenizer is the byte-level fallback
+ * (kvz_tokenizer_bytes): one token per byte, ChatML control tokens 256/257.
  * @return 0, KVZ_ERR_NOTFOUND (unknown name), KVZ_ERR_NOMEM, KVZ_ERR_NODEV.
  */
 int kvz_model_synthetic(const char *name, const kvz_model_opts *opts, kvz_model **out);
@@ -85,7 +87,7 @@ int kvz_model_synthetic(const char *name, const kvz_model_opts *opts, kvz_model 
 void kvz_model_free(kvz_model *m);
 
 const kvz_config *kvz_model_config(const kvz_model *m);
-/** The model's tokenizer (owned by the model), or NULL for synthetic models. */
+/** The model's tokenizer (owned by the model); the byte-level one for synthetic models. */
 const kvz_tokenizer *kvz_model_tokenizer(const kvz_model *m);
 /** 16-byte fingerprint: XXH3-128 of the GGUF (see kvz_gguf_fingerprint) or of the synthetic spec+seed. */
 void kvz_model_fingerprint(const kvz_model *m, uint8_t out[16]);

@@ -20,14 +20,16 @@ typedef struct kvz_layer_w {
 } kvz_layer_w;
 
 typedef struct kvz_cuda_model kvz_cuda_model; /* CUDA backend state (kernels/ glue) */
-typedef struct kvz_cuda_kv kvz_cuda_kv;
+typedef struct kvz_cuda_cache kvz_cuda_cache; /* device KV cache state (kernels/ glue) */
 
 struct kvz_model {
     kvz_config cfg;
     int32_t device;          /* KVZ_DEVICE_CPU / CUDA */
     int32_t n_threads;
     kvz_gguf *gguf;          /* NULL for synthetic */
-    kvz_tokenizer *tok;      /* NULL for synthetic */
+    kvz_tokenizer *tok;      /* GGUF BPE, or the byte-level fallback for synthetic models */
+    int32_t synthetic;       /* 1: weights from synth_fill (kvz_model.c) */
+    uint64_t synth_seed;     /* seed of the synthetic weights */
     uint8_t fingerprint[16];
     /* host weights (CPU backend; freed after upload on CUDA) */
     float *tok_embd;         /* (n_vocab, n_embd) */
@@ -59,7 +61,7 @@ struct kvz_kv {
     int64_t evictions;       /* overwrites, summed over layers */
     float *scratch;          /* CPU work memory, grown on demand, reused across steps */
     size_t scratch_cap;      /* floats */
-    kvz_cuda_kv *cuda;       /* device cache on the CUDA backend */
+    kvz_cuda_cache *cuda;    /* device cache on the CUDA backend */
 };
 
 /* CPU backend entry points (kvz_cpu.c) */
@@ -75,6 +77,37 @@ int kvz_cuda_kv_init(kvz_kv *kv);
 void kvz_cuda_kv_free(kvz_kv *kv);
 int kvz_cuda_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
                      float *logits, int flags, const kvz_layer_hook *hook);
+/* Push the host lengths (kv->len, out_used) to the device after the host changed
+ * them (clear, truncate, rollback); @p reset_out also empties the output buffer. */
+int kvz_cuda_kv_sync(kvz_kv *kv, int reset_out);
+int kvz_cuda_kv_set_layer(kvz_kv *kv, int32_t layer, const uint32_t *counts, const int32_t *pos,
+                          const float *k, const float *v);
+int kvz_cuda_kv_get_head(const kvz_kv *kv, int32_t layer, int32_t head, float *k, float *v,
+                         int32_t *pos);
+/* KVzip repeat pass on the device (DESIGN §3 step 2-3): runs the @p n repeat tokens
+ * at positions pos0.. with DISCARD (their KV is dropped afterwards) and, per layer,
+ * the fused kvz_cuda_kvzip_score kernel over prefix rows [0, n_prefix), chunk rows
+ * [n_prefix + c0, n_prefix + c1) and the repeat rows (no attention matrix in HBM).
+ * Scores of context tokens [c0, c1) land in a device array (n_layer, n_kv, n_ctx)
+ * kept with the cache and are copied to the host @p scores (same shape).
+ * The cache must hold exactly n_prefix + n_ctx rows in every head (uniform). */
+int kvz_cuda_kvzip_repeat(kvz_model *m, kvz_kv *kv, const int32_t *rep, int32_t n, int32_t pos0,
+                          int32_t n_prefix, int32_t c0, int32_t c1, float *scores, int32_t n_ctx);
+/* Selection + compaction on the device from the scores kvz_cuda_kvzip_repeat left:
+ * global (radix top-k) or per-head uniform top-k of round(N·ratio) pairs, then the
+ * cache is compacted in place (prefix + kept rows, order kept) so kvz_kv_get_head
+ * returns only kept rows. @p keep (n_layer, n_kv, n_ctx) and @p counts (n_layer,
+ * n_kv, kept context rows) are copied to the host when not NULL.
+ * @return kept pairs, or a negative KVZ_ERR_*. */
+int64_t kvz_cuda_kvzip_select(kvz_kv *kv, int32_t n_prefix, int32_t n_ctx, float ratio,
+                              int32_t mode, uint8_t *keep, uint32_t *counts);
+/* Compare every device weight with a CPU model's host fp32 weights (tests: the
+ * device synthetic generator must be bit-exact). @return mismatching elements, or < 0. */
+int64_t kvz_cuda_weights_diff(const kvz_model *gpu, const kvz_model *cpu);
+/* Output-buffer slot positions of @p layer (B int32, -1 = empty) copied to the host (tests). */
+int kvz_cuda_kv_out_pos(const kvz_kv *kv, int32_t layer, int32_t *pos);
+/* Peak device bytes this process allocated through the backend (bench). */
+uint64_t kvz_cuda_mem_peak(void);
 #endif
 
 #endif

@@ -772,3 +772,35 @@ int kvz_tokenizer_is_special(const kvz_tokenizer *t, int32_t id)
     if (id < 0 || id >= t->n_vocab) return 0;
     return t->type[id] == TT_CONTROL || t->type[id] == TT_USER;
 }
+
+/* ------------------------------------------------------------------------- */
+/* Byte-level fallback (synthetic models)                                    */
+
+int kvz_tokenizer_bytes(int32_t n_vocab, kvz_tokenizer **out)
+{
+    *out = NULL;
+    if (n_vocab < 256) return kvz_error_set(KVZ_ERR_ARG, "byte tokenizer: n_vocab %d < 256", n_vocab);
+    kvz_str *tok = calloc((size_t)n_vocab, sizeof *tok);
+    int32_t *types = malloc((size_t)n_vocab * sizeof *types);
+    char *chars = malloc(256 * 4);
+    if (!tok || !types || !chars) {
+        free(tok); free(types); free(chars);
+        return KVZ_ERR_NOMEM;
+    }
+    for (int32_t i = 0; i < n_vocab; i++) types[i] = TT_NORMAL;
+    for (int b = 0; b < 256; b++) {
+        tok[b].ptr = chars + 4 * b;
+        tok[b].len = (uint64_t)put_utf8(byte_to_cp(b), chars + 4 * b);
+    }
+    int32_t eos = -1;
+    if (n_vocab > 257) {
+        static const char s0[] = "<|im_start|>", s1[] = "<|im_end|>";
+        tok[256] = (kvz_str){s0, sizeof s0 - 1};
+        tok[257] = (kvz_str){s1, sizeof s1 - 1};
+        types[256] = types[257] = TT_CONTROL;
+        eos = 257;
+    }
+    int rc = kvz_tokenizer_from_vocab(tok, types, (uint64_t)n_vocab, NULL, 0, "default", -1, eos, out);
+    free(tok); free(types); free(chars);
+    return rc;
+}

@@ -70,6 +70,16 @@ int kvz_tokenizer_from_gguf(const kvz_gguf *g, kvz_tokenizer **out);
 void kvz_tokenizer_free(kvz_tokenizer *t);
 
 /**
+ * Byte-level fallback for models without a vocabulary (synthetic weights): id b
+ * is raw byte b (0..255); "<|im_start|>" is id 256 and "<|im_end|>" id 257 (also
+ * the EOS) when @p n_vocab > 257, so the ChatML layout works; ids from 258 (or 256)
+ * up to n_vocab-1 are empty pieces that encoding never produces and that decode
+ * to no bytes. No merges: every byte of the text becomes one token.
+ * @return 0; KVZ_ERR_ARG (n_vocab < 256); KVZ_ERR_NOMEM.
+ */
+int kvz_tokenizer_bytes(int32_t n_vocab, kvz_tokenizer **out);
+
+/**
  * Build from vocabulary arrays directly (what kvz_tokenizer_from_gguf does after
  * reading the GGUF; also for tests with a hand-made vocabulary).
  * @param tokens   n_vocab pieces in byte-level form (e.g. "\xC4\xA0the" for " the");

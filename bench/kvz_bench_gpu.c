@@ -1,0 +1,338 @@
+/* GPU model bench (DESIGN §7): every figure beside its bound, measured in the
+ * same run on the same device.
+ *
+ *   bounds:  bf16 GEMM rate (cuBLAS 8192³, median of 10) and device copy bandwidth
+ *            (cudaMemcpy D2D of 2 GiB, read + write bytes, median of 10);
+ *   prefill: tokens/s and % of the GEMM rate at each length, FLOPs =
+ *            2·params_linear·T + 4·(T²/2)·hd·n_head·n_layer (causal attention);
+ *   ingest:  full KVzip ingest (prefill + repeat/scoring passes + device top-k +
+ *            compaction + kept rows to the host) ÷ plain prefill, beside the FLOP
+ *            ratio (repeat passes: linear layers on R tokens + attention of R
+ *            queries over prefix+context+repeat keys; the score kernel's two extra
+ *            QK passes over prefix+chunk+repeat are not counted);
+ *   decode:  batch-1 greedy steps (logits to the host every step) at 2K and 8K
+ *            context vs the HBM bound = (linear + LM-head weight bytes + KV bytes)
+ *            ÷ copy bandwidth;
+ *   LongFlow: step time with B = 2048 slots around output tokens 1K, 4K, 16K;
+ *   memory:  peak device bytes allocated by the backend.
+ * Usage: kvz_bench_gpu [--synthetic NAME] [--lens 2048,8192,32768] [--lf-max N] [--quick]
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "kvz_cuda.h"
+#include "kvz_error.h"
+#include "kvz_generate.h"
+#include "kvz_kvzip.h"
+#include "kvz_model.h"
+#include "kvz_model_impl.h"
+
+#define DIE(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
+#define API(call)                                                                          \
+    do {                                                                                   \
+        int rc_ = (call);                                                                  \
+        if (rc_) DIE("%s: %s (%s)", #call, kvz_strerror(rc_), kvz_error_detail());          \
+    } while (0)
+#define CU(call)                                                                           \
+    do {                                                                                   \
+        cudaError_t e_ = (call);                                                           \
+        if (e_ != cudaSuccess) DIE("%s: %s", #call, cudaGetErrorString(e_));               \
+    } while (0)
+
+static int cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmpd);
+    return v[n / 2];
+}
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ULL;
+static int32_t rnd(int32_t n)
+{
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    return (int32_t)(g_rng % (uint64_t)n);
+}
+
+/* ---------------------------------------------------------------- ceilings */
+static double gemm_peak(void)
+{
+    const int n = 8192;
+    void *a, *b, *c;
+    CU(cudaMalloc(&a, (size_t)n * n * 2));
+    CU(cudaMalloc(&b, (size_t)n * n * 2));
+    CU(cudaMalloc(&c, (size_t)n * n * 2));
+    /* random bf16 in [-1, 1): fill on the host once, small pattern repeated */
+    uint16_t *h = malloc((size_t)n * n * 2);
+    for (size_t i = 0; i < (size_t)n * n; i++) {
+        float f = (float)(rnd(1 << 20)) / (float)(1 << 19) - 1.0f;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        h[i] = (uint16_t)(u >> 16);
+    }
+    CU(cudaMemcpy(a, h, (size_t)n * n * 2, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(b, h, (size_t)n * n * 2, cudaMemcpyHostToDevice));
+    free(h);
+    kvz_cuda_blas *bl;
+    API(kvz_cuda_blas_create(&bl));
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    double t[10];
+    for (int it = -3; it < 10; it++) {
+        CU(cudaEventRecord(e0, 0));
+        API(kvz_cuda_linear(bl, 0, n, n, n, a, n, b, NULL, c, KVZ_CUDA_BF16, n, 0.f));
+        CU(cudaEventRecord(e1, 0));
+        CU(cudaEventSynchronize(e1));
+        float ms;
+        CU(cudaEventElapsedTime(&ms, e0, e1));
+        if (it >= 0) t[it] = ms * 1e-3;
+    }
+    kvz_cuda_blas_destroy(bl);
+    cudaFree(a); cudaFree(b); cudaFree(c);
+    return 2.0 * n * (double)n * n / median(t, 10);
+}
+
+static double copy_bw(void)
+{
+    const size_t bytes = (size_t)2 << 30;
+    void *a, *b;
+    CU(cudaMalloc(&a, bytes));
+    CU(cudaMalloc(&b, bytes));
+    CU(cudaMemset(a, 0x5a, bytes));
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    double t[10];
+    for (int it = -2; it < 10; it++) {
+        CU(cudaEventRecord(e0, 0));
+        CU(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
+        CU(cudaEventRecord(e1, 0));
+        CU(cudaEventSynchronize(e1));
+        float ms;
+        CU(cudaEventElapsedTime(&ms, e0, e1));
+        if (it >= 0) t[it] = ms * 1e-3;
+    }
+    cudaFree(a); cudaFree(b);
+    return 2.0 * (double)bytes / median(t, 10);
+}
+
+/* ---------------------------------------------------------------- model figures */
+typedef struct shape {
+    double params_linear; /* per token: every layer's matrices (no LM head) */
+    double lm_head;       /* n_vocab · d */
+    double attn_unit;     /* hd · n_head · n_layer */
+    double kv_row_bytes;  /* K+V bytes of one token over all layers and KV heads (bf16) */
+} shape;
+
+static shape shape_of(const kvz_config *c)
+{
+    const double d = c->n_embd, qd = (double)c->n_head * c->head_dim, kvd = (double)c->n_kv_head * c->head_dim;
+    shape s;
+    s.params_linear = c->n_layer * (d * (qd + 2 * kvd) + d * qd + 3.0 * d * c->n_ff);
+    s.lm_head = (double)c->n_vocab * d;
+    s.attn_unit = (double)c->head_dim * c->n_head * c->n_layer;
+    s.kv_row_bytes = 2.0 * 2.0 * c->n_layer * kvd;
+    return s;
+}
+
+static double prefill_flops(const shape *s, double T) { return 2 * s->params_linear * T + 4 * (T * T / 2) * s->attn_unit; }
+
+static double sync_now(void)
+{
+    CU(cudaDeviceSynchronize());
+    return kvz_now();
+}
+
+static double run_prefill(kvz_model *m, const int32_t *toks, int32_t T)
+{
+    kvz_kv *kv;
+    API(kvz_kv_create(m, T + 16, 0, &kv));
+    double t0 = sync_now();
+    API(kvz_forward(m, kv, toks, T, 0, NULL, KVZ_FWD_NO_LOGITS, NULL));
+    double t = sync_now() - t0;
+    kvz_kv_free(kv);
+    return t;
+}
+
+/* full ingest: prefill + scoring + device selection/compaction + kept rows to host */
+static double run_ingest(kvz_model *m, const int32_t *pre, int32_t np, const int32_t *ctx, int32_t T,
+                         double *flop_ratio, const shape *s)
+{
+    const kvz_config *c = kvz_model_config(m);
+    const kvz_tokenizer *tok = kvz_model_tokenizer(m);
+    kvz_kvzip_params p;
+    kvz_kvzip_defaults(&p);
+    p.prefill_chunk = 8192;
+    const size_t nlh = (size_t)c->n_layer * c->n_kv_head;
+    float *scores = malloc(sizeof(float) * nlh * (size_t)T);
+    uint32_t *counts = malloc(sizeof(uint32_t) * nlh);
+    kvz_kv *kv;
+    API(kvz_kv_create(m, kvz_kvzip_cache_rows(tok, np, T, &p), 0, &kv));
+    float *kh = malloc(sizeof(float) * (size_t)(np + T) * c->head_dim);
+    float *vh = malloc(sizeof(float) * (size_t)(np + T) * c->head_dim);
+    int32_t *ph = malloc(sizeof(int32_t) * (size_t)(np + T));
+    double t0 = sync_now();
+    API(kvz_kvzip_score(m, kv, pre, np, ctx, T, &p, scores, NULL, NULL));
+    int64_t kept = kvz_cuda_kvzip_select(kv, np, T, p.ratio, p.mode, NULL, counts);
+    if (kept < 0) DIE("select: %s (%s)", kvz_strerror((int)kept), kvz_error_detail());
+    for (size_t i = 0; i < nlh; i++)
+        API(kvz_kv_get_head(kv, (int32_t)(i / c->n_kv_head), (int32_t)(i % c->n_kv_head), kh, vh, ph));
+    double t = sync_now() - t0;
+    /* FLOPs of the repeat passes */
+    double fl = prefill_flops(s, np + T), rep = 0;
+    kvz_tokens rin = {0};
+    for (int32_t ch = 0; ch * p.chunk < T; ch++) {
+        rin.n = 0;
+        API(kvz_kvzip_repeat_input(tok, ctx, T, ch, &p, &rin));
+        double R = (double)rin.n;
+        rep += 2 * s->params_linear * R + 4 * R * ((double)np + T + R / 2) * s->attn_unit;
+    }
+    kvz_tokens_free(&rin);
+    *flop_ratio = (fl + rep) / fl;
+    kvz_kv_free(kv);
+    free(scores); free(counts); free(kh); free(vh); free(ph);
+    return t;
+}
+
+/* ms per batch-1 decode step with logits to the host, context T */
+static double run_decode(kvz_model *m, const int32_t *toks, int32_t T, int steps)
+{
+    const int32_t V = kvz_model_config(m)->n_vocab;
+    kvz_kv *kv;
+    API(kvz_kv_create(m, T + steps + 8, 0, &kv));
+    API(kvz_forward(m, kv, toks, T, 0, NULL, KVZ_FWD_NO_LOGITS, NULL));
+    float *lg = malloc(sizeof(float) * V);
+    int32_t t = toks[0];
+    for (int i = 0; i < 4; i++) API(kvz_forward(m, kv, &t, 1, T + i, lg, KVZ_FWD_LOGITS_LAST, NULL));
+    double t0 = sync_now();
+    for (int i = 4; i < steps + 4; i++) {
+        API(kvz_forward(m, kv, &t, 1, T + i, lg, KVZ_FWD_LOGITS_LAST, NULL));
+        int32_t b = 0;
+        for (int32_t j = 1; j < V; j++) if (lg[j] > lg[b]) b = j;
+        t = b;
+    }
+    double dt = (sync_now() - t0) / steps;
+    free(lg);
+    kvz_kv_free(kv);
+    return dt;
+}
+
+int main(int argc, char **argv)
+{
+    const char *name = "llama3-8b";
+    int32_t lens[8] = {2048, 8192, 32768};
+    int nlens = 3, quick = 0;
+    int32_t lf_max = 16384;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--synthetic") && i + 1 < argc) name = argv[++i];
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--lf-max") && i + 1 < argc) lf_max = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--lens") && i + 1 < argc) {
+            nlens = 0;
+            for (char *s = argv[++i]; *s && nlens < 8;) {
+                lens[nlens++] = (int32_t)strtol(s, &s, 10);
+                if (*s == ',') s++;
+            }
+        } else {
+            fprintf(stderr, "usage: kvz_bench_gpu [--synthetic NAME] [--lens A,B,..] [--lf-max N] [--quick]\n");
+            return 2;
+        }
+    }
+    if (!kvz_cuda_available()) { printf("SKIP: no usable CUDA device\n"); return 77; }
+    struct cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs; model: synthetic %s (bf16)\n", prop.name, prop.multiProcessorCount, name);
+    const double peak = gemm_peak(), bw = copy_bw();
+    printf("measured ceilings: bf16 GEMM 8192^3 %.1f TFLOP/s, D2D copy %.2f TB/s\n", peak / 1e12, bw / 1e12);
+
+    kvz_model_opts o = {.device = KVZ_DEVICE_CUDA};
+    kvz_model *m;
+    double tl = kvz_now();
+    API(kvz_model_synthetic(name, &o, &m));
+    tl = sync_now() - tl;
+    const kvz_config *c = kvz_model_config(m);
+    const shape s = shape_of(c);
+    printf("weights generated on the device in %.2f s (%.2f GB)\n", tl, kvz_model_weight_bytes(m) / 1e9);
+    kvz_tokens pre = {0};
+    API(kvz_chat_prefix(kvz_model_tokenizer(m), &pre));
+    int32_t maxT = 0;
+    for (int i = 0; i < nlens; i++) maxT = lens[i] > maxT ? lens[i] : maxT;
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)(maxT + 16));
+    for (int32_t i = 0; i < maxT + 16; i++) toks[i] = 32 + rnd(95);
+    run_prefill(m, toks, lens[0] < 2048 ? lens[0] : 2048); /* warm-up: cuBLAS heuristics, allocations */
+
+    printf("\n| tokens | prefill s | prefill tok/s | TFLOP/s | %% of GEMM peak (bound %.0f) | ingest s | ingest / prefill | FLOP ratio (bound x1.1) |\n", peak / 1e12);
+    printf("|---|---|---|---|---|---|---|---|\n");
+    for (int i = 0; i < nlens; i++) {
+        const int32_t T = lens[i];
+        double tp = run_prefill(m, toks, T);
+        double fl = prefill_flops(&s, T), fr = 0;
+        double ti = run_ingest(m, pre.ids, (int32_t)pre.n, toks, T, &fr, &s);
+        printf("| %d | %.3f | %.0f | %.1f | %.1f%% | %.3f | %.2f | %.2f |\n", T, tp, T / tp, fl / tp / 1e12,
+               100 * fl / tp / peak, ti, ti / tp, fr);
+        fflush(stdout);
+    }
+
+    printf("\n| decode context | ms/token | tok/s | HBM bound tok/s (bytes/token ÷ %.2f TB/s) | %% of bound |\n", bw / 1e12);
+    printf("|---|---|---|---|---|\n");
+    const int32_t dctx[2] = {2048, 8192};
+    for (int i = 0; i < 2; i++) {
+        if (dctx[i] > maxT) continue;
+        double dt = run_decode(m, toks, dctx[i], quick ? 16 : 64);
+        double bytes = 2 * (s.params_linear + s.lm_head) + s.kv_row_bytes * dctx[i];
+        double bound = bytes / bw;
+        printf("| %d | %.3f | %.1f | %.1f | %.1f%% |\n", dctx[i], dt * 1e3, 1 / dt, 1 / bound, 100 * bound / dt);
+        fflush(stdout);
+    }
+
+    /* LongFlow: doc of 2K tokens, B = 2048 output slots, decode past lf_max outputs */
+    {
+        const int32_t B = 2048, D = 2048 < maxT ? 2048 : maxT;
+        kvz_kv *kv;
+        API(kvz_kv_create(m, D, B, &kv));
+        API(kvz_forward(m, kv, toks, D, 0, NULL, KVZ_FWD_NO_LOGITS | KVZ_FWD_TO_DOC, NULL));
+        const int32_t marks[3] = {1024, 4096, 16384};
+        double ms[3] = {0, 0, 0};
+        const int W = 64;
+        int32_t t = 65;
+        int done = 0;
+        for (int32_t i = 0; i < lf_max + W && done < 3; i++) {
+            int at = -1;
+            for (int k = 0; k < 3; k++) if (i == marks[k] - W / 2 && marks[k] <= lf_max) at = k;
+            double t0 = at >= 0 ? sync_now() : 0;
+            if (at >= 0) {
+                for (int j = 0; j < W; j++)
+                    API(kvz_forward(m, kv, &t, 1, D + i + j, NULL, KVZ_FWD_NO_LOGITS, NULL));
+                ms[at] = (sync_now() - t0) / W * 1e3;
+                i += W - 1;
+                done++;
+                continue;
+            }
+            API(kvz_forward(m, kv, &t, 1, D + i, NULL, KVZ_FWD_NO_LOGITS, NULL));
+        }
+        kvz_kv_stats st;
+        kvz_kv_get_stats(kv, &st);
+        printf("\n| LongFlow B=%d, doc %d | ms/step @1K | @4K | @16K | spread (bound ±5%%) |\n|---|---|---|---|---|\n", B, D);
+        double lo = 1e30, hi = 0;
+        for (int k = 0; k < 3; k++) if (ms[k] > 0) { lo = ms[k] < lo ? ms[k] : lo; hi = ms[k] > hi ? ms[k] : hi; }
+        printf("| evictions %lld | %.3f | %.3f | %.3f | %+.1f%% |\n", (long long)st.evictions, ms[0], ms[1], ms[2],
+               hi > 0 ? 100 * (hi - lo) / lo : 0);
+        kvz_kv_free(kv);
+    }
+    size_t fr, tot;
+    CU(cudaMemGetInfo(&fr, &tot));
+    printf("\npeak device memory allocated by the backend: %.2f GiB (device in use now %.2f of %.2f GiB)\n",
+           kvz_cuda_mem_peak() / 1073741824.0, (tot - fr) / 1073741824.0, tot / 1073741824.0);
+    kvz_tokens_free(&pre);
+    free(toks);
+    kvz_model_free(m);
+    return 0;
+}
