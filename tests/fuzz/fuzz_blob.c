@@ -4,7 +4,7 @@
  * Any input must give an error code or succeed; never crash, over-read, or
  * allocate more than the verified sizes allow. Seeds: tests/golden/blob_*.kvzb
  * wrapped in that framing.
- * Build (not wired into CMake yet):
+ * Built by CMake with -DKVZ_FUZZ=ON (CC=clang); by hand:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iformat -Icommon \
  *     tests/fuzz/fuzz_blob.c format/kvz_blob.c common/kvz_error.c -lzstd -lxxhash -o fuzz_blob */
 #include "kvz_blob.h"
