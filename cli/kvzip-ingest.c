@@ -1,6 +1,7 @@
 /* kvzip-ingest: compress documents' KV caches with KVzip into the LMDB store. */
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,8 @@ static void usage(void)
         "(%s) is split into parts stored as ID#1, ID#2, ...; query a part by that id.\n"
         "\n"
         "  --store DIR        store folder (default: $KVZ_STORE or ./%s)\n"
+        "  --max-map BYTES    cap on the store's LMDB map (it grows on demand up to this,\n"
+        "                     default 1 TiB); ingest stops with 'store full' beyond it\n"
         "  --model PATH       GGUF model (default: $KVZ_MODEL or %s)\n"
         "  --synthetic NAME   random-weight model of a named shape instead of --model\n"
         "                     (smollm2-135m, llama3-8b, qwen2.5-7b, tiny-llama, tiny-qwen2,\n"
@@ -148,7 +151,7 @@ int main(int argc, char **argv)
 {
     cli_prog = "kvzip-ingest";
     const char *store_flag = NULL, *model_flag = NULL, *synth_flag = NULL, *id_flag = NULL;
-    long threads = 0, part_tokens = 0;
+    long threads = 0, part_tokens = 0, max_map = 0;
     int json = 0, quiet = 0;
     int32_t device = KVZ_DEVICE_AUTO;
     kvz_ingest_opts o;
@@ -159,6 +162,7 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         else if (!strcmp(a, "--store")) store_flag = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--max-map")) max_map = cli_parse_long(a, cli_value(argc, argv, &i), 1 << 16, LONG_MAX);
         else if (!strcmp(a, "--model")) model_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--synthetic")) synth_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--ratio")) {
@@ -220,10 +224,12 @@ int main(int argc, char **argv)
     kvz_model_fingerprint(m, fp);
     const char *store_path = cli_store_path(store_flag);
     kvz_store *st;
-    if ((rc = kvz_store_open(store_path, KVZ_STORE_CREATE, 0, fp, &st))) {
+    const uint64_t map0 = max_map && (uint64_t)max_map < KVZ_STORE_DEFAULT_MAP ? (uint64_t)max_map : 0;
+    if ((rc = kvz_store_open(store_path, KVZ_STORE_CREATE, map0, fp, &st))) {
         cli_error(rc, "cannot open store %s", store_path);
         return cli_exit_code(rc);
     }
+    if (max_map) kvz_store_set_max_map(st, (uint64_t)max_map);
 
     /* read + tokenize everything first: totals for the progress bar */
     kvz_tokens *toks = calloc(docs.n, sizeof *toks);

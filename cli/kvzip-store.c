@@ -52,6 +52,19 @@ static void usage(void)
 
 static int json;
 
+/* Exit code of a store operation: 6 not found, 2 usage, 1 out of memory or a
+ * bug, 5 anything wrong with the store itself (corrupt, other version, LMDB, full). */
+static int store_exit(int rc)
+{
+    switch (rc) {
+    case KVZ_OK: return EXIT_OK;
+    case KVZ_ERR_NOTFOUND: return EXIT_NOTFOUND;
+    case KVZ_ERR_ARG: return EXIT_USAGE;
+    case KVZ_ERR_NOMEM: case KVZ_ERR_INTERNAL: return EXIT_FAIL;
+    default: return EXIT_STORE;
+    }
+}
+
 static void hex16(const uint8_t *b, char out[33])
 {
     static const char hx[] = "0123456789abcdef";
@@ -136,7 +149,7 @@ static int cmd_ls(kvz_store *s, const char *path)
     if (json) printf("%s]}\n", st.n ? "\n  " : "");
     if (rc) {
         cli_error(rc, "cannot list %s", path);
-        return cli_exit_code(rc);
+        return store_exit(rc);
     }
     return EXIT_OK;
 }
@@ -148,7 +161,7 @@ static int cmd_show(kvz_store *s, const char *path, const char *id)
 {
     kvz_store_read *r;
     int rc = kvz_store_read_begin(s, &r);
-    if (rc) { cli_error(rc, "cannot read %s", path); return cli_exit_code(rc); }
+    if (rc) { cli_error(rc, "cannot read %s", path); return store_exit(rc); }
     kvz_store_doc_info *in = malloc(sizeof *in);
     kvz_blob_meta m = {0};
     uint64_t *rec_bytes = NULL, *raw_bytes = NULL;
@@ -273,7 +286,7 @@ out:
     free(raw_bytes);
     free(in);
     kvz_store_read_end(r);
-    return rc ? cli_exit_code(rc) : EXIT_OK;
+    return rc ? store_exit(rc) : EXIT_OK;
 }
 
 /* ========================================================================= */
@@ -287,7 +300,7 @@ static int cmd_rm(kvz_store *s, const char *path, const char *id)
         kvz_error_clear();
         return EXIT_NOTFOUND;
     }
-    if (rc) { cli_error(rc, "cannot remove '%s'", id); return cli_exit_code(rc); }
+    if (rc) { cli_error(rc, "cannot remove '%s'", id); return store_exit(rc); }
     if (json) {
         printf("{\"removed\": ");
         cli_json_str(stdout, id, strlen(id));
@@ -310,7 +323,7 @@ static int cmd_verify(kvz_store *s, const char *path)
     kvz_store_verify_result vr;
     const double t0 = (double)clock() / CLOCKS_PER_SEC;
     int rc = kvz_store_verify(s, on_problem, NULL, &vr);
-    if (rc) { cli_error(rc, "cannot verify %s", path); return cli_exit_code(rc); }
+    if (rc) { cli_error(rc, "cannot verify %s", path); return store_exit(rc); }
     const double secs = (double)clock() / CLOCKS_PER_SEC - t0;
     if (json)
         printf("{\"ok\": %s, \"docs\": %" PRIu64 ", \"blobs\": %" PRIu64 ", \"records\": %" PRIu64
@@ -331,11 +344,11 @@ static int cmd_gc(kvz_store **sp, const char *path, int compact)
 {
     kvz_store_gc_result g;
     int rc = kvz_store_gc(*sp, &g);
-    if (rc) { cli_error(rc, "gc of %s failed", path); return cli_exit_code(rc); }
+    if (rc) { cli_error(rc, "gc of %s failed", path); return store_exit(rc); }
     uint64_t before = 0, after = 0;
     if (compact) {
         rc = kvz_store_compact(*sp, &before, &after);
-        if (rc) { cli_error(rc, "compacting %s failed (store unchanged)", path); return cli_exit_code(rc); }
+        if (rc) { cli_error(rc, "compacting %s failed (store unchanged)", path); return store_exit(rc); }
         kvz_store_close(*sp); /* retired by the swap */
         *sp = NULL;
     }
@@ -383,7 +396,7 @@ static int cmd_stats(kvz_store *s, const char *path)
     totals t = {0};
     int rc = kvz_store_stats_get(s, &st);
     if (!rc) rc = kvz_store_list(s, tot_cb, &t);
-    if (rc) { cli_error(rc, "cannot read %s", path); return cli_exit_code(rc); }
+    if (rc) { cli_error(rc, "cannot read %s", path); return store_exit(rc); }
     char p[4200], fp[33] = "";
     struct stat fs;
     snprintf(p, sizeof p, "%s/data.mdb", path);
@@ -464,7 +477,7 @@ int main(int argc, char **argv)
         } else {
             cli_error(rc, "cannot open store %s", path);
         }
-        return cli_exit_code(rc);
+        return store_exit(rc);
     }
     int ex;
     if (!strcmp(cmd, "ls")) ex = cmd_ls(s, path);
