@@ -755,7 +755,7 @@ static int attention(kvz_model *m, kvz_kv *kv, int32_t l, int32_t n, act_view *a
                                      a->pos + n - 1, &cc->L[l], (int)max_len, ob, a->att1, qd,
                                      cc->dec_ws, cc->dec_ws_bytes, NULL, evict));
     }
-    if (evict) {
+    if (evict && ob->n_slot <= kv->n_sink + 1) { /* no evictable slot possible: CPU's fallback */
         evict_fix_kernel<<<1, 32, 0, s>>>(evict, ob->n_slot);
         KVZ_LAUNCH_CHECK("evict_fix");
     }
