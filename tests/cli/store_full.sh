@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# A size-limited store (kvzip-ingest --max-map): ingest stops at the first
+# document that does not fit with one clear error, exit 1, and the store keeps
+# exactly the documents committed before, passing verify; a later run with room
+# completes. Then gc --compact shrinks the file and the store stays valid.
+source "$(dirname "$0")/lib.bash"
+
+S="$T/store"
+tiny_docs "$T/docs" 4        # each blob is ~1 MB
+"$ING" --quiet --max-map 3000000 --store "$S" "$T/docs" 2>"$T/err"
+rc=$?
+echo "  $(cat "$T/err")"
+check "full store: exit 1" test "$rc" -eq 1
+check "full store: one error line" test "$(wc -l <"$T/err")" -eq 1
+check "full store: clear message" grep -Eq '^kvzip-ingest: error: doc[0-9].txt: kvz_store: map is full at its maximum of 3000000 bytes \(store is full\)$' "$T/err"
+n=$(ndocs "$S")
+check "full store: some docs stored before the limit ($n)" test "$n" -ge 1 -a "$n" -lt 4
+failed=$(sed -n 's/.*error: \(doc[0-9]\).txt.*/\1/p' "$T/err")
+check "full store: the failing doc is absent" bash -c "! '$STO' --store '$S' show '$failed.txt' >/dev/null 2>&1"
+verify_ok "full store" "$S"
+before=$(store_state "$S")
+
+# the same limit again: nothing more fits, nothing changes
+"$ING" --quiet --max-map 3000000 --store "$S" "$T/docs" 2>/dev/null
+check "still full: exit 1" test $? -eq 1
+check "still full: store unchanged" test "$before" = "$(store_state "$S")"
+verify_ok "still full" "$S"
+
+# room again (default cap): the rest goes in
+"$ING" --quiet --store "$S" "$T/docs" || bad "ingest with room"
+check "all 4 docs after growing" test "$(ndocs "$S")" = 4
+verify_ok "after growing" "$S"
+
+# remove two documents, compact: smaller file, same remaining content
+"$STO" --store "$S" rm doc1.txt >/dev/null && "$STO" --store "$S" rm doc2.txt >/dev/null || bad "rm"
+size0=$(stat -c %s "$S/data.mdb")
+"$STO" --store "$S" --json gc --compact >"$T/gc" || bad "gc --compact: $(cat "$T/gc")"
+size1=$(stat -c %s "$S/data.mdb")
+echo "  compact: $size0 -> $size1 bytes"
+check "compact shrinks data.mdb" test "$size1" -lt "$size0"
+check "compact reports the sizes" grep -q "\"file_bytes_after\": $size1" "$T/gc"
+check "nothing left beside the store" test "$(ls -A "$T" | grep -c '^\.store\.')" -eq 0
+check "2 docs after compact" test "$(ndocs "$S")" = 2
+verify_ok "after compact" "$S"
+if "$QRY" --store "$S" --doc doc3.txt --max-tokens 4 "What does the duty engineer log?" >/dev/null; then ok
+else bad "query after compact"; fi
+finish
