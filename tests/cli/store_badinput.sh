@@ -69,6 +69,10 @@ verify_ok "other-model store" "$T/synstore"
 echo "kvzip-store:"
 mkdir -p "$T/notstore"
 head -c 100000 /dev/urandom >"$T/notstore/data.mdb"
+# kvzip-ingest / kvzip-query map a store that is not LMDB to exit 1 (cli_exit_code of
+# KVZ_ERR_FORMAT), kvzip-store to 5; docs/ERRORS.md records both
+expect_err "ingest into non-LMDB store" 1 "^kvzip-ingest: error: cannot open store .*notstore: .*File is not an LMDB file" "$ING" --quiet --store "$T/notstore" "$T/docs"
+expect_err "query non-LMDB store"     1 "^kvzip-query: error: cannot open store .*notstore: .*File is not an LMDB file" "$QRY" --store "$T/notstore" --doc doc1.txt "$Q"
 expect_err "store missing"            6 "^kvzip-store: error: no store in .*/nostore" "$STO" --store "$T/nostore" ls
 expect_err "store not LMDB"           5 "^kvzip-store: error: cannot open store .*notstore: .*File is not an LMDB file" "$STO" --store "$T/notstore" verify
 expect_err "store show unknown id"    6 "^kvzip-store: error: no document 'nope' in" "$STO" --store "$S" show nope
