@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli_util.h"
 #include "kvz_error.h"
@@ -306,6 +307,7 @@ static int contains_ci(const char *hay, const char *needle)
 
 enum { M_KVZIP, M_RANDOM, M_WINDOW, M_SNAPKV, M_SNAPKV_Q1, N_METHOD };
 static const char *const method_name[N_METHOD] = {"kvzip", "random", "window", "snapkv", "snapkv-q1"};
+static const char *const method_color[N_METHOD] = {"#9400d3", "#009e73", "#56b4e9", "#e69f00", "#d55e00"};
 #define N_SINK 4        /* window baseline: first context tokens always kept */
 #define SNAP_POOL 7     /* SnapKV max-pool kernel over the token axis */
 
@@ -336,7 +338,7 @@ typedef struct eval {
     int use[N_METHOD];
     int max_tokens;
     uint64_t seed;
-    int quiet;
+    int quiet, tty;
     run *full;           /* (nq) */
     kvz_tokens *full_gen;/* (nq) greedy tokens on the full cache */
     run *runs;           /* (nq, N_METHOD, nr) */
@@ -570,7 +572,7 @@ static uint64_t splitmix(uint64_t *st)
 static int progress_cb(void *ctx, int64_t done, int64_t total)
 {
     const eval *e = ctx;
-    if (!e->quiet) fprintf(stderr, "\r  scoring %3d%%", (int)(100 * done / (total ? total : 1)));
+    if (!e->quiet && e->tty) fprintf(stderr, "\r  scoring %3d%%", (int)(100 * done / (total ? total : 1)));
     return 0;
 }
 
@@ -655,7 +657,7 @@ static int eval_doc(eval *e, int d)
     rc = kvz_kvzip_score(e->m, full, prefix.ids, n_prefix, ctx.ids, n_ctx, &kp, kz, progress_cb, e);
     di->score_s = kvz_now() - t0;
     e->t_score += di->score_s;
-    if (!e->quiet) fprintf(stderr, "\r  scored %d context tokens in %.1f s\n", n_ctx, di->score_s);
+    if (!e->quiet) fprintf(stderr, "%s  scored %d context tokens in %.1f s\n", e->tty ? "\r" : "", n_ctx, di->score_s);
     if (rc) goto out;
     kvz_kv_checkpoint(full);
 
@@ -884,7 +886,8 @@ static int write_json(eval *e, const char *path, const char *model_path, const c
     fprintf(f, "\n  ],\n  \"multi_query\": [\n");
     first = 1;
     const int ms[] = {M_KVZIP, M_SNAPKV_Q1, M_SNAPKV};
-    for (int k = 0; k < 3 && e->use[M_SNAPKV_Q1]; k++) {
+    const int n_multi = aggregate(e, -1, 0, 1).n;
+    for (int k = 0; k < 3 && e->use[M_SNAPKV_Q1] && n_multi > 0; k++) {
         if (!e->use[ms[k]]) continue;
         for (int r = 0; r < e->nr; r++) {
             fprintf(f, "%s    {\"method\": \"%s\", \"ratio\": %g, ", first ? "" : ",\n", method_name[ms[k]], e->ratios[r]);
@@ -937,7 +940,7 @@ static int write_plot(eval *e, const char *path)
     }
     fprintf(g, "'\nset multiplot layout 1,%d title 'kvzip-eval: %d questions, %d documents'\n", panels, e->nq, e->ndocs);
     fprintf(g, "set xlabel 'ratio of context KV pairs kept'\nset xrange [0:1.05]\nset yrange [0:105]\n"
-               "set grid\nset key bottom right\nset style data linespoints\n");
+               "set grid\nset key top left\nset style data linespoints\n");
     /* data blocks: per method, "ratio accuracy agreement" sorted by ratio */
     for (int pass = 0; pass < 2; pass++)
         for (int m = 0; m < N_METHOD; m++) {
@@ -963,14 +966,19 @@ static int write_plot(eval *e, const char *path)
                 col == 2 ? "accuracy" : "agreement");
         for (int m = 0; m < N_METHOD; m++)
             if (e->use[m] && m != M_SNAPKV_Q1)
-                fprintf(g, "$%s using 1:%d title '%s' lw 2, ", method_name[m], col, method_name[m]);
+                fprintf(g, "$%s using 1:%d title '%s' lw 2 lc rgb '%s', ", method_name[m], col,
+                        method_name[m], method_color[m]);
         if (col == 2) fprintf(g, "%.3f title 'full cache' dt 2 lc rgb 'black'\n", f.correct);
         else fprintf(g, "100 notitle dt 2 lc rgb 'black'\n");
     }
     if (panels == 3) {
         fprintf(g, "set title 'Multi-query: questions 2..n (%d q)'\nset ylabel 'accuracy %%'\nplot ", n_multi);
-        fprintf(g, "$mq_kvzip using 1:2 title 'kvzip' lw 2, $mq_snapkv_q1 using 1:2 title 'snapkv (question 1)' lw 2, ");
-        if (e->use[M_SNAPKV]) fprintf(g, "$mq_snapkv using 1:2 title 'snapkv (own question)' lw 2 dt 3, ");
+        fprintf(g, "$mq_kvzip using 1:2 title 'kvzip' lw 2 lc rgb '%s', $mq_snapkv_q1 using 1:2 "
+                "title 'snapkv-q1 (compressed with question 1)' lw 2 lc rgb '%s', ",
+                method_color[M_KVZIP], method_color[M_SNAPKV_Q1]);
+        if (e->use[M_SNAPKV])
+            fprintf(g, "$mq_snapkv using 1:2 title 'snapkv (own question)' lw 2 dt 3 lc rgb '%s', ",
+                    method_color[M_SNAPKV]);
         fprintf(g, "%.3f title 'full cache' dt 2 lc rgb 'black'\n", fm.correct);
     }
     fprintf(g, "unset multiplot\n");
@@ -1016,7 +1024,8 @@ int main(int argc, char **argv)
     }
     if (!qa_path) cli_usage_error("no FILE.jsonl given");
 
-    eval e = {.max_tokens = (int)max_tokens, .seed = (uint64_t)seed, .quiet = quiet};
+    eval e = {.max_tokens = (int)max_tokens, .seed = (uint64_t)seed, .quiet = quiet,
+              .tty = isatty(2)};
     /* ratios */
     {
         char *dup = strdup(ratios_s), *save = NULL;
