@@ -12,6 +12,12 @@
 
 #define KVZ_CPU_MAX_BATCH 1024   /* tokens per internal pass (bounds scratch memory) */
 #define KVZ_ATTN_BLOCK_FLOATS (4u << 20) /* score block budget: 16 MiB */
+/* Keys per GEMM in attention. Chunks are aligned on the key index in the
+ * concatenation (document rows ++ output slots), so a token's attention does the
+ * same GEMM calls on the same values whether its keys sit in the document region
+ * (out_slots 0) or partly in the output buffer: B >= output length reproduces
+ * unbounded decoding bit for bit (DESIGN §5). */
+#define KVZ_ATTN_KCHUNK 256
 
 /* y (n, out) = x (n, in) · Wᵀ, W (out, in); beta=1 accumulates into y. */
 static void matmul(const float *x, const float *w, float *y, int n, int in, int out, float beta)
@@ -75,6 +81,21 @@ static int64_t visible(const int32_t *pos, int64_t len, int32_t qpos)
     return lo;
 }
 
+/* Rows [t0, t1) of the keys (or values) doc [0, Lb) ++ output slots [0, ..): a
+ * direct pointer when they come from one side, else gathered into tmp (hd floats
+ * a row). *ld receives the row stride. */
+static const float *key_rows(const float *doc, const float *out, int ostride, int64_t Lb,
+                             int64_t t0, int64_t t1, int hd, float *tmp, int *ld)
+{
+    if (t1 <= Lb) { *ld = hd; return doc + (size_t)t0 * hd; }
+    if (t0 >= Lb) { *ld = ostride; return out + (size_t)(t0 - Lb) * ostride; }
+    for (int64_t t = t0; t < t1; t++)
+        memcpy(tmp + (size_t)(t - t0) * hd, t < Lb ? doc + (size_t)t * hd : out + (size_t)(t - Lb) * ostride,
+               sizeof(float) * (size_t)hd);
+    *ld = hd;
+    return tmp;
+}
+
 /*
  * Attention of n queries q (n, n_head, hd) at positions pos0.. over layer l's
  * cache (document segments + output buffer), output att (n, n_head*hd).
@@ -99,7 +120,8 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
         const int64_t w = kv->len[(size_t)l * nkv + h] + used;
         wmax = w > wmax ? w : wmax;
     }
-    int64_t qb = (int64_t)(slice / ((size_t)grp * (size_t)(wmax + 2 * hd)));
+    const size_t gather = (size_t)KVZ_ATTN_KCHUNK * hd; /* per-thread key_rows buffer */
+    int64_t qb = slice > gather ? (int64_t)((slice - gather) / ((size_t)grp * (size_t)(wmax + 2 * hd))) : 0;
     if (qb < 1) return kvz_error_set(KVZ_ERR_NOMEM, "attention work buffer too small");
     if (qb > n) qb = n;
     const int64_t nblk = (n + qb - 1) / qb;
@@ -110,7 +132,8 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
         const int32_t i0 = (int32_t)((task % nblk) * qb);
         float *Qb = work + (size_t)omp_get_thread_num() * slice; /* (qb*grp, hd) */
         float *Ob = Qb + (size_t)qb * grp * hd;                    /* (qb*grp, hd) */
-        float *S = Ob + (size_t)qb * grp * hd;                     /* (qb*grp, Lb + used) */
+        float *G = Ob + (size_t)qb * grp * hd;                     /* (KCHUNK, hd) gather */
+        float *S = G + gather;                                     /* (qb*grp, Lb + used) */
         const size_t seg = (size_t)l * nkv + (size_t)h;
         const float *K = kv->k + seg * (size_t)kv->cap * hd, *V = kv->v + seg * (size_t)kv->cap * hd;
         const int32_t *P = kv->pos + seg * (size_t)kv->cap;
@@ -124,12 +147,13 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
         for (int32_t i = 0; i < nq; i++)
             memcpy(Qb + (size_t)i * grp * hd, q + ((size_t)(i0 + i) * c->n_head + (size_t)h * grp) * hd,
                    sizeof(float) * (size_t)grp * hd);
-        if (Lb > 0)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, (int)Lb, hd, scale, Qb, hd,
-                        K, hd, 0.0f, S, (int)W);
-        if (used > 0)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, used, hd, scale, Qb, hd,
-                        OK, ostride, 0.0f, S + Lb, (int)W);
+        for (int64_t t0 = 0; t0 < W; t0 += KVZ_ATTN_KCHUNK) {
+            const int64_t t1 = t0 + KVZ_ATTN_KCHUNK < W ? t0 + KVZ_ATTN_KCHUNK : W;
+            int ld;
+            const float *Kc = key_rows(K, OK, ostride, Lb, t0, t1, hd, G, &ld);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, (int)(t1 - t0), hd, scale, Qb, hd,
+                        Kc, ld, 0.0f, S + t0, (int)W);
+        }
         for (int32_t i = 0; i < nq; i++) {
             const int32_t qpos = pos0 + i0 + i;
             const int64_t vis = i == nq - 1 ? Lb : visible(P, Lb, qpos);
@@ -143,14 +167,14 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
                 kvz_scale(row, W, 1.0f / sum);
             }
         }
-        if (Lb > 0)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, hd, (int)Lb, 1.0f, S, (int)W,
-                        V, hd, 0.0f, Ob, hd);
-        else
-            memset(Ob, 0, sizeof(float) * (size_t)R * hd);
-        if (used > 0)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, hd, used, 1.0f, S + Lb, (int)W,
-                        OV, ostride, 1.0f, Ob, hd);
+        if (W == 0) memset(Ob, 0, sizeof(float) * (size_t)R * hd);
+        for (int64_t t0 = 0; t0 < W; t0 += KVZ_ATTN_KCHUNK) {
+            const int64_t t1 = t0 + KVZ_ATTN_KCHUNK < W ? t0 + KVZ_ATTN_KCHUNK : W;
+            int ld;
+            const float *Vc = key_rows(V, OV, ostride, Lb, t0, t1, hd, G, &ld);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, hd, (int)(t1 - t0), 1.0f,
+                        S + t0, (int)W, Vc, ld, t0 ? 1.0f : 0.0f, Ob, hd);
+        }
         for (int32_t i = 0; i < nq; i++)
             memcpy(att + ((size_t)(i0 + i) * c->n_head + (size_t)h * grp) * hd, Ob + (size_t)i * grp * hd,
                    sizeof(float) * (size_t)grp * hd);
@@ -220,16 +244,12 @@ static void append_kv(kvz_kv *kv, int32_t l, const float *k, const float *v, int
     }
 }
 
-static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n,
-                         int32_t pos0, float *logits, int want_logits, int to_doc,
-                         const kvz_layer_hook *hook)
+/* KVZ_ERR_CONTEXT unless n more tokens fit: the document region (no output buffer,
+ * or to_doc) has room for them, or a multi-token pass fits the free output slots. */
+static int check_room(const kvz_kv *kv, int32_t n, int to_doc)
 {
-    const kvz_config *c = &m->cfg;
-    const int d = c->n_embd, hd = c->head_dim, qd = c->n_head * hd, kvd = c->n_kv_head * hd,
-              ff = c->n_ff, nqkv = qd + 2 * kvd;
-    /* capacity checks before touching any layer */
     if (kv->out_slots == 0 || to_doc) {
-        for (size_t i = 0; i < (size_t)c->n_layer * c->n_kv_head; i++)
+        for (size_t i = 0; i < (size_t)kv->n_layer * kv->n_kv_head; i++)
             if (kv->len[i] + n > kv->cap)
                 return kvz_error_set(KVZ_ERR_CONTEXT, "KV cache full: %lld + %d rows exceed "
                                      "capacity %lld", (long long)kv->len[i], n, (long long)kv->cap);
@@ -238,15 +258,31 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
                              "slots used); a multi-token pass must fit in the free slots",
                              n, kv->out_used[0], kv->out_slots);
     }
+    return 0;
+}
+
+static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n,
+                         int32_t pos0, float *logits, int want_logits, int to_doc,
+                         const kvz_layer_hook *hook)
+{
+    const kvz_config *c = &m->cfg;
+    const int d = c->n_embd, hd = c->head_dim, qd = c->n_head * hd, kvd = c->n_kv_head * hd,
+              ff = c->n_ff, nqkv = qd + 2 * kvd;
+    const int room = check_room(kv, n, to_doc); /* before touching any layer */
+    if (room) return room;
     int64_t max_keys = 0;
     for (size_t i = 0; i < (size_t)c->n_layer * c->n_kv_head; i++)
         max_keys = kv->len[i] > max_keys ? kv->len[i] : max_keys;
     max_keys += n + kv->out_slots;
     const size_t act = (size_t)n * ((size_t)2 * d + 2 * (size_t)nqkv + qd + 3 * (size_t)ff);
     size_t attn_work = (size_t)KVZ_ATTN_BLOCK_FLOATS;
-    const size_t min_work = ((size_t)(c->n_head / c->n_kv_head) * ((size_t)max_keys + 2 * hd + 2) + 64) *
-                                (size_t)omp_get_max_threads() + (size_t)kv->out_slots * c->n_kv_head;
+    const size_t min_work = ((size_t)(c->n_head / c->n_kv_head) * ((size_t)max_keys + 2 * hd + 2) + 64 +
+                             (size_t)KVZ_ATTN_KCHUNK * hd) *
+                                (size_t)omp_get_max_threads();
     if (attn_work < min_work) attn_work = min_work;
+    /* LongFlow terms (n_kv_head, B) go on top, so that the query blocking (and with
+     * it the summation order) does not depend on B */
+    attn_work += (size_t)kv->out_slots * c->n_kv_head;
     float *buf = scratch(kv, act + attn_work);
     if (!buf) return kvz_error_set(KVZ_ERR_NOMEM, "forward: cannot allocate work memory");
     float *x = buf;                               /* (n, d) residual stream */
@@ -320,13 +356,15 @@ int kvz_cpu_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, 
     const int discard = (flags & KVZ_FWD_DISCARD) != 0;
     if (discard && kv->out_slots && !(flags & KVZ_FWD_TO_DOC))
         return kvz_error_set(KVZ_ERR_ARG, "forward: DISCARD works on the document region only");
+    /* the whole pass, not only its first internal batch: a refused pass changes nothing */
+    int rc = check_room(kv, n, (flags & KVZ_FWD_TO_DOC) != 0);
+    if (rc) return rc;
     const size_t nlh = (size_t)m->cfg.n_layer * m->cfg.n_kv_head;
     int64_t *saved = NULL;
     if (discard) {
         if (!(saved = malloc(nlh * sizeof *saved))) return KVZ_ERR_NOMEM;
         memcpy(saved, kv->len, nlh * sizeof *saved);
     }
-    int rc = 0;
     for (int32_t s = 0; s < n && !rc; s += KVZ_CPU_MAX_BATCH) {
         const int32_t nb = n - s < KVZ_CPU_MAX_BATCH ? n - s : KVZ_CPU_MAX_BATCH;
         const int last = s + nb == n;
