@@ -59,6 +59,14 @@ int cli_model_exit(int rc)
     return EXIT_MODEL;
 }
 
+int cli_store_exit(int rc)
+{
+    if (rc == KVZ_ERR_NOTFOUND) return EXIT_NOTFOUND;
+    if (rc == KVZ_ERR_MODEL) return EXIT_MODEL;
+    if (rc == KVZ_ERR_NOMEM) return EXIT_FAIL;
+    return EXIT_STORE;
+}
+
 long cli_parse_long(const char *flag, const char *s, long lo, long hi)
 {
     char *end;

@@ -26,6 +26,9 @@ int cli_exit_code(int rc);
 /* Exit code for a failed model load: 6 file not found, 1 out of memory, 4 otherwise
  * (corrupt, truncated or unsupported model). */
 int cli_model_exit(int rc);
+/* Exit code for a failed store open or document load: 6 not found, 4 another model's
+ * store, 1 out of memory, 5 otherwise (corrupt, not LMDB, other version, full). */
+int cli_store_exit(int rc);
 
 /* Parse numbers; usage error (exit 2) on garbage or out of [lo, hi]. */
 long cli_parse_long(const char *flag, const char *s, long lo, long hi);

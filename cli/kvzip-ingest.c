@@ -22,8 +22,10 @@ static void usage(void)
         "model needs it to reconstruct the document (KVzip), evicts the weakest, and\n"
         "stores the compressed cache in the store. Folders are walked recursively for\n"
         ".txt, .md and extension-less text files (hidden entries and other extensions\n"
-        "are ignored; binary or non-UTF-8 files are skipped with a warning). A document\n"
-        "already stored with the same content, model and parameters is not recomputed.\n"
+        "are ignored; empty, binary or non-UTF-8 files found there are skipped with a\n"
+        "warning). A FILE named on the command line must be usable text: otherwise it is\n"
+        "an error. A document already stored with the same content, model and\n"
+        "parameters is not recomputed.\n"
         "\n"
         "Document ids are paths relative to the DIR argument, or the file name for a\n"
         "FILE argument (or --id). A document longer than the model allows per cache\n"
@@ -56,6 +58,7 @@ static void usage(void)
 typedef struct doc_item {
     char *path;    /* file to read */
     char *id;      /* doc id */
+    int named;     /* named on the command line (not found by a folder walk) */
 } doc_item;
 
 typedef struct doc_list {
@@ -73,6 +76,7 @@ static void push_doc(doc_list *l, const char *path, const char *id)
     }
     l->v[l->n].path = strdup(path);
     l->v[l->n].id = strdup(id);
+    l->v[l->n].named = 0;
     l->n++;
 }
 
@@ -209,6 +213,7 @@ int main(int argc, char **argv)
         } else {
             const char *base = strrchr(inputs[i], '/');
             push_doc(&docs, inputs[i], id_flag ? id_flag : (base ? base + 1 : inputs[i]));
+            docs.v[docs.n - 1].named = 1;
         }
     }
     if (docs.n == 0 && !failed) {
@@ -227,7 +232,7 @@ int main(int argc, char **argv)
     const uint64_t map0 = max_map && (uint64_t)max_map < KVZ_STORE_DEFAULT_MAP ? (uint64_t)max_map : 0;
     if ((rc = kvz_store_open(store_path, KVZ_STORE_CREATE, map0, fp, &st))) {
         cli_error(rc, "cannot open store %s", store_path);
-        return cli_exit_code(rc);
+        return cli_store_exit(rc);
     }
     if (max_map) kvz_store_set_max_map(st, (uint64_t)max_map);
 
@@ -239,7 +244,7 @@ int main(int argc, char **argv)
         char *text;
         size_t len;
         rc = cli_read_text(docs.v[i].path, (size_t)256 << 20, &text, &len);
-        if (rc == KVZ_ERR_ENCODING || rc == KVZ_ERR_EMPTY) {
+        if ((rc == KVZ_ERR_ENCODING || rc == KVZ_ERR_EMPTY) && !docs.v[i].named) {
             fprintf(stderr, "kvzip-ingest: warning: skipping %s: %s\n", docs.v[i].path, kvz_error_detail());
             kvz_error_clear();
             docs.skipped++;

@@ -161,21 +161,25 @@ int main(int argc, char **argv)
         const char *sp = cli_store_path(store_flag);
         if ((rc = kvz_store_open(sp, KVZ_STORE_READONLY, 0, fp, &st))) {
             cli_error(rc, "cannot open store %s", sp);
-            return cli_exit_code(rc);
+            return cli_store_exit(rc);
         }
         kvz_doc_meta dm;
         if ((rc = kvz_doc_load(m, st, doc_id, extra, (int32_t)budget, &kv, &dm))) {
             char part[600];
             kvz_store_doc_info pi;
             snprintf(part, sizeof part, "%s#1", doc_id);
-            if (rc == KVZ_ERR_NOTFOUND && kvz_store_lookup(st, part, &pi) == 0) {
+            if (rc != KVZ_ERR_NOTFOUND) {
+                cli_error(rc, "cannot load document '%s'", doc_id);
+            } else if (kvz_store_lookup(st, part, &pi) == 0) {
                 kvz_error_clear();
                 fprintf(stderr, "kvzip-query: error: document '%s' was stored in parts: query "
                         "'%s#1', '%s#2', ... (kvzip-store ls lists them)\n", doc_id, doc_id, doc_id);
             } else {
-                cli_error(rc, "cannot load document '%s'", doc_id);
+                kvz_error_clear();
+                fprintf(stderr, "kvzip-query: error: no document '%s' in the store (kvzip-store ls "
+                        "lists them)\n", doc_id);
             }
-            return cli_exit_code(rc);
+            return cli_store_exit(rc);
         }
         n_doc = dm.n_prefix + dm.n_ctx;
         t_doc = dm.load_s;

@@ -23,7 +23,7 @@ const char *kvz_strerror(int err)
     case KVZ_ERR_ZSTD: return "zstd error";
     case KVZ_ERR_CUDA: return "CUDA error";
     case KVZ_ERR_FULL: return "store is full";
-    case KVZ_ERR_CONTEXT: return "too long for the model context";
+    case KVZ_ERR_CONTEXT: return "input too long";
     case KVZ_ERR_EMPTY: return "empty input";
     case KVZ_ERR_ENCODING: return "not UTF-8 text";
     case KVZ_ERR_BUSY: return "busy";

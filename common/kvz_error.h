@@ -32,7 +32,7 @@ enum {
     KVZ_ERR_ZSTD = -12,       /**< zstd call failed */
     KVZ_ERR_CUDA = -13,       /**< CUDA / cuBLAS call failed */
     KVZ_ERR_FULL = -14,       /**< store map or disk is full and could not grow */
-    KVZ_ERR_CONTEXT = -15,    /**< input longer than the model's context / a budget */
+    KVZ_ERR_CONTEXT = -15,    /**< input longer than a limit: model context, cache, budget, file size */
     KVZ_ERR_EMPTY = -16,      /**< empty input where content is required */
     KVZ_ERR_ENCODING = -17,   /**< text is not valid UTF-8 / looks binary */
     KVZ_ERR_BUSY = -18,       /**< resource locked by another writer */

@@ -25,13 +25,13 @@ echo "What does the duty engineer check?" >/dev/null
 Q="What does the duty engineer log?"
 
 echo "kvzip-ingest:"
-# explicitly named files that are not usable text: skipped with a one-line
-# warning, nothing stored, exit 0 (kvzip-ingest --help: "skipped with a warning")
-expect_err "ingest empty file"        0 "warning: skipping .*empty.txt is empty" "$ING" --quiet --store "$S" "$T/empty.txt"
-expect_err "ingest blank file"        0 "warning: skipping .*blank.txt is empty" "$ING" --quiet --store "$S" "$T/blank.txt"
-expect_err "ingest binary file"       0 "warning: skipping .*binary.txt is not UTF-8 text \(bad byte 0x[0-9a-f]{2} at offset [0-9]+\)" "$ING" --quiet --store "$S" "$T/binary.txt"
-expect_err "ingest non-UTF-8 file"    0 "warning: skipping .*latin1.txt is not UTF-8 text \(bad byte 0xdf at offset 4\)" "$ING" --quiet --store "$S" "$T/latin1.txt"
-expect_err "ingest NUL byte"          0 "warning: skipping .*nul.txt is not UTF-8 text \(bad byte 0x00 at offset 11\)" "$ING" --quiet --store "$S" "$T/nul.txt"
+# explicitly named files that are not usable text: a one-line error, nothing
+# stored, exit 1 (a folder walk skips such files with a warning instead)
+expect_err "ingest empty file"        1 "^kvzip-ingest: error: cannot read .*empty.txt: .*empty.txt is empty" "$ING" --quiet --store "$S" "$T/empty.txt"
+expect_err "ingest blank file"        1 "^kvzip-ingest: error: cannot read .*blank.txt: .*blank.txt is empty" "$ING" --quiet --store "$S" "$T/blank.txt"
+expect_err "ingest binary file"       1 "^kvzip-ingest: error: cannot read .*binary.txt: .*binary.txt is not UTF-8 text \(bad byte 0x[0-9a-f]{2} at offset [0-9]+\)" "$ING" --quiet --store "$S" "$T/binary.txt"
+expect_err "ingest non-UTF-8 file"    1 "^kvzip-ingest: error: cannot read .*latin1.txt: .*latin1.txt is not UTF-8 text \(bad byte 0xdf at offset 4\)" "$ING" --quiet --store "$S" "$T/latin1.txt"
+expect_err "ingest NUL byte"          1 "^kvzip-ingest: error: cannot read .*nul.txt: .*nul.txt is not UTF-8 text \(bad byte 0x00 at offset 11\)" "$ING" --quiet --store "$S" "$T/nul.txt"
 expect_err "ingest huge file"         1 "^kvzip-ingest: error: cannot read .*huge.txt: 314572800 bytes is larger than the 268435456-byte limit" "$ING" --quiet --store "$S" "$T/huge.txt"
 expect_err "ingest missing file"      1 "^kvzip-ingest: error: .*nope.txt: No such file or directory" "$ING" --quiet --store "$S" "$T/nope.txt"
 mkdir -p "$T/emptydir"
@@ -50,7 +50,7 @@ expect_err "query binary file"        3 "^kvzip-query: error: cannot use documen
 expect_err "query non-UTF-8 file"     3 "^kvzip-query: error: cannot use document: .*latin1.txt is not UTF-8 text \(bad byte 0xdf at offset 4\)" "$QRY" --text "$T/latin1.txt" "$Q"
 expect_err "query huge file"          3 "^kvzip-query: error: cannot use document: .*huge64.txt: 68157440 bytes is larger than the 67108864-byte limit" "$QRY" --text "$T/huge64.txt" "$Q"
 expect_err "query missing file"       6 "^kvzip-query: error: cannot use document: .*nope.txt: No such file or directory" "$QRY" --text "$T/nope.txt" "$Q"
-expect_err "query unknown doc id"     6 "^kvzip-query: error: cannot load document 'nope.txt'" "$QRY" --store "$S" --doc nope.txt "$Q"
+expect_err "query unknown doc id"     6 "^kvzip-query: error: no document 'nope.txt' in the store" "$QRY" --store "$S" --doc nope.txt "$Q"
 expect_err "query missing store"      6 "^kvzip-query: error: cannot open store .*/nostore: kvz_store: no store in" "$QRY" --store "$T/nostore" --doc doc1.txt "$Q"
 expect_err "query truncated GGUF"     4 "^kvzip-query: error: cannot load model .*trunc.gguf" "$QRY" --model "$T/trunc.gguf" --store "$S" --doc doc1.txt "$Q"
 expect_err "query missing model"      6 "^kvzip-query: error: model file .*nomodel.gguf not found" "$QRY" --model "$T/nomodel.gguf" --store "$S" --doc doc1.txt "$Q"
@@ -69,10 +69,9 @@ verify_ok "other-model store" "$T/synstore"
 echo "kvzip-store:"
 mkdir -p "$T/notstore"
 head -c 100000 /dev/urandom >"$T/notstore/data.mdb"
-# kvzip-ingest / kvzip-query map a store that is not LMDB to exit 1 (cli_exit_code of
-# KVZ_ERR_FORMAT), kvzip-store to 5; docs/ERRORS.md records both
-expect_err "ingest into non-LMDB store" 1 "^kvzip-ingest: error: cannot open store .*notstore: .*File is not an LMDB file" "$ING" --quiet --store "$T/notstore" "$T/docs"
-expect_err "query non-LMDB store"     1 "^kvzip-query: error: cannot open store .*notstore: .*File is not an LMDB file" "$QRY" --store "$T/notstore" --doc doc1.txt "$Q"
+# a store that is not LMDB is a store problem: exit 5 from every tool
+expect_err "ingest into non-LMDB store" 5 "^kvzip-ingest: error: cannot open store .*notstore: .*File is not an LMDB file" "$ING" --quiet --store "$T/notstore" "$T/docs"
+expect_err "query non-LMDB store"     5 "^kvzip-query: error: cannot open store .*notstore: .*File is not an LMDB file" "$QRY" --store "$T/notstore" --doc doc1.txt "$Q"
 expect_err "store missing"            6 "^kvzip-store: error: no store in .*/nostore" "$STO" --store "$T/nostore" ls
 expect_err "store not LMDB"           5 "^kvzip-store: error: cannot open store .*notstore: .*File is not an LMDB file" "$STO" --store "$T/notstore" verify
 expect_err "store show unknown id"    6 "^kvzip-store: error: no document 'nope' in" "$STO" --store "$S" show nope
