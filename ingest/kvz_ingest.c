@@ -195,6 +195,19 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
         if (!pos || !kb || !vb || !kf || !vf || !pf) rc = KVZ_ERR_NOMEM;
         for (int l = 0; l < c->n_layer && !rc; l++) {
             size_t row = 0;
+#ifdef KVZ_HAVE_CUDA
+            if (compact) { /* the compacted device cache holds exactly the stored rows:
+                              converted on the GPU, one pinned copy per layer */
+                const uint32_t *dp;
+                const void *dk, *dv;
+                size_t len = 0;
+                rc = kvz_cuda_kv_export_layer(kv, l, o->dtype, &dp, &dk, &dv);
+                if (!rc) rc = kvz_blob_encode_layer(&bm, (uint32_t)l, dp, dk, dv, o->zstd_level, &recs[l], &len);
+                srec[l].data = recs[l];
+                srec[l].len = len;
+                continue;
+            }
+#endif
             for (int h = 0; h < c->n_kv_head && !rc; h++) {
                 if ((rc = kvz_kv_get_head(kv, l, h, kf, vf, pf))) break;
                 const uint8_t *kp = keep + ((size_t)l * c->n_kv_head + h) * n_ctx;

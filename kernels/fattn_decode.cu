@@ -223,17 +223,29 @@ __global__ void dec_slot_score_kernel(const dec_params p, float *S)
     S[j] = acc;
 }
 
-/* One block: argmin over evictable slots (lowest index on ties). */
-__global__ void dec_longflow_kernel(const dec_params p, const float *S, int32_t *evict)
+/* One block: S_j of every slot (same arithmetic as dec_slot_score_kernel; written to
+ * S when S != NULL) and the argmin over evictable slots (lowest index on ties). */
+__global__ void dec_longflow_kernel(const dec_params p, float *S, int32_t *evict)
 {
+    __shared__ float sML[2 * 256];
+    for (int i = threadIdx.x; i < 2 * p.n_head; i += blockDim.x) sML[i] = p.ML[i];
+    __syncthreads();
     const int B = p.ob.n_slot;
     const int qlast = p.qpos[p.T - 1];
     float best = INFINITY;
     int bi = INT_MAX;
     for (int j = threadIdx.x; j < B; j += blockDim.x) {
+        float v = 0.f;
+#pragma unroll 8
+        for (int hq = 0; hq < p.n_head; hq++) {
+            float M = sML[hq * 2], L = sML[hq * 2 + 1];
+            float lg = p.blog[(size_t)hq * B + j];
+            float vn = p.vnorm[(size_t)(hq / p.G) * B + j];
+            if (lg != -INFINITY && L > 0.f) v += exp2f(lg - M) / L * vn;
+        }
+        if (S) S[j] = v;
         int sp = p.ob.slot_pos[j];
         bool ev = sp >= 0 && j >= p.ob.n_sink && sp != qlast;
-        float v = S[j];
         if (ev && (v < best || (v == best && j < bi))) { best = v; bi = j; }
     }
     __shared__ float sb[32];
@@ -340,14 +352,12 @@ extern "C" int kvz_cuda_attn_decode(cudaStream_t s, int T, int n_head, const voi
     if (kv->hd == 64) dec_combine_kernel<64><<<dim3(p.RT, kv->n_kv), 64, 0, s>>>(p);
     else dec_combine_kernel<128><<<dim3(p.RT, kv->n_kv), 128, 0, s>>>(p);
     KVZ_LAUNCH_CHECK("attn_decode_combine");
-    if (ob && (slot_score || evict_slot)) {
-        float *S = slot_score ? slot_score : (float *)(w + L.S);
-        dec_slot_score_kernel<<<(n_slot + 255) / 256, 256, 0, s>>>(p, S);
+    if (ob && evict_slot) { /* fused S_j + argmin: one launch */
+        dec_longflow_kernel<<<1, 1024, 0, s>>>(p, slot_score, evict_slot);
+        KVZ_LAUNCH_CHECK("attn_decode_longflow");
+    } else if (ob && slot_score) {
+        dec_slot_score_kernel<<<(n_slot + 255) / 256, 256, 0, s>>>(p, slot_score);
         KVZ_LAUNCH_CHECK("attn_decode_slot_score");
-        if (evict_slot) {
-            dec_longflow_kernel<<<1, 1024, 0, s>>>(p, S, evict_slot);
-            KVZ_LAUNCH_CHECK("attn_decode_argmin");
-        }
     }
     return 0;
 }

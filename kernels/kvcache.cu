@@ -69,6 +69,121 @@ extern "C" int kvz_cuda_outbuf_write(cudaStream_t s, const kvz_cuda_outbuf *ob, 
     return 0;
 }
 
+/* grid (1, n_kv): slot from device memory (fill slot, else the LongFlow victim). */
+__global__ void outbuf_write_dev_kernel(kvz_cuda_outbuf ob, int hd, const bf16 *__restrict__ kn, int ldk,
+                                        const bf16 *__restrict__ vn, int ldv,
+                                        const int32_t *__restrict__ pos, const int32_t *d_fill,
+                                        const int32_t *d_evict)
+{
+    const int f = *d_fill;
+    int h = blockIdx.y;
+    int slot = f >= 0 ? f : *d_evict;
+    if (slot < 0 || slot >= ob.n_slot) return;
+    size_t dst = ((size_t)h * ob.n_slot + slot) * hd;
+    const bf16 *ks = kn + (size_t)h * hd, *vs = vn + (size_t)h * hd;
+    bf16 *kd = (bf16 *)ob.k + dst, *vd = (bf16 *)ob.v + dst;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) { kd[i] = ks[i]; vd[i] = vs[i]; }
+    if (threadIdx.x == 0 && h == 0) ob.slot_pos[slot] = pos[0];
+    (void)ldk; (void)ldv;
+}
+
+extern "C" int kvz_cuda_outbuf_write_dev(cudaStream_t s, const kvz_cuda_outbuf *ob, int n_kv, int hd,
+                                         const void *k_new, int ldk, const void *v_new, int ldv,
+                                         const int32_t *pos, const int32_t *d_fill, const int32_t *d_evict)
+{
+    KVZ_ARG(ob && ob->k && ob->v && ob->slot_pos && ob->n_slot > 0 && n_kv > 0 && hd > 0);
+    KVZ_ARG(k_new && v_new && pos && d_fill && d_evict && ldk >= n_kv * hd && ldv >= n_kv * hd);
+    outbuf_write_dev_kernel<<<dim3(1, n_kv), 64, 0, s>>>(*ob, hd, (const bf16 *)k_new, ldk,
+                                                         (const bf16 *)v_new, ldv, pos, d_fill, d_evict);
+    KVZ_LAUNCH_CHECK("outbuf_write_dev");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- export */
+/* fp32 -> fp16 bits, round to nearest even: runtime/kvz_quant.c kvz_fp32_to_fp16, verbatim */
+__device__ __forceinline__ uint16_t d_f32_to_f16(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00 | ((a >> 13) & 0x3ff));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);
+    if (a < 0x38800000u) {
+        if (a < 0x33000000u) return sign;
+        uint32_t e = a >> 23, m = (a & 0x7fffff) | 0x800000, shift = 126 - e;
+        uint32_t r = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = a - (112u << 23);
+    r += 0xfff + ((r >> 13) & 1);
+    return (uint16_t)(sign | (r >> 13));
+}
+
+#define EXPORT_MAX_KV 64
+struct export_args { int off[EXPORT_MAX_KV + 1]; };
+
+/* grid (blocks, n_kv), 256 threads; one thread = 8 elements (one 16-byte source vector). */
+template <int DT>
+__global__ void kv_export_kernel(kvz_cuda_kv kv, export_args ea, void *k_out, void *v_out, int32_t *pos_out)
+{
+    const int h = blockIdx.y, vpr = kv.hd / 8;
+    const int r0 = ea.off[h], n = ea.off[h + 1] - r0;
+    const vec16 *sk = (const vec16 *)kv.k + (size_t)h * kv.cap * vpr;
+    const vec16 *sv = (const vec16 *)kv.v + (size_t)h * kv.cap * vpr;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n * vpr; i += gridDim.x * blockDim.x) {
+        const size_t o = (size_t)r0 * vpr + i; /* output vector index */
+        for (int w = 0; w < 2; w++) {
+            vec16 x = w ? sv[i] : sk[i];
+            void *out = w ? v_out : k_out;
+            if (DT == KVZ_CUDA_BF16) {
+                ((vec16 *)out)[o] = x;
+            } else {
+                const __nv_bfloat16 *b = (const __nv_bfloat16 *)&x;
+                if (DT == KVZ_CUDA_F32) {
+                    float4 *f = (float4 *)out + 2 * o;
+                    f[0] = make_float4(__bfloat162float(b[0]), __bfloat162float(b[1]), __bfloat162float(b[2]),
+                                       __bfloat162float(b[3]));
+                    f[1] = make_float4(__bfloat162float(b[4]), __bfloat162float(b[5]), __bfloat162float(b[6]),
+                                       __bfloat162float(b[7]));
+                } else {
+                    uint16_t hv[8];
+#pragma unroll
+                    for (int e = 0; e < 8; e++) hv[e] = d_f32_to_f16(__bfloat162float(b[e]));
+                    ((vec16 *)out)[o] = *(const vec16 *)hv;
+                }
+            }
+        }
+        if (i % vpr == 0) pos_out[r0 + i / vpr] = kv.pos[(size_t)h * kv.cap + i / vpr];
+    }
+}
+
+extern "C" int kvz_cuda_kv_export(cudaStream_t s, const kvz_cuda_kv *kv, const int32_t *rows,
+                                  kvz_cuda_dtype dt, void *k_out, void *v_out, int32_t *pos_out)
+{
+    KVZ_ARG(kv && kv->k && kv->v && kv->pos && rows && k_out && v_out && pos_out);
+    KVZ_ARG(kv->n_kv > 0 && kv->n_kv <= EXPORT_MAX_KV && kv->hd % 8 == 0);
+    KVZ_ARG(dt == KVZ_CUDA_F32 || dt == KVZ_CUDA_BF16 || dt == KVZ_CUDA_F16);
+    KVZ_ARG(((uintptr_t)k_out & 15) == 0 && ((uintptr_t)v_out & 15) == 0);
+    export_args ea;
+    int mx = 0;
+    ea.off[0] = 0;
+    for (int h = 0; h < kv->n_kv; h++) {
+        KVZ_ARG(rows[h] >= 0 && rows[h] <= kv->cap);
+        ea.off[h + 1] = ea.off[h] + rows[h];
+        mx = rows[h] > mx ? rows[h] : mx;
+    }
+    if (mx == 0) return 0;
+    int blocks = (mx * (kv->hd / 8) + 255) / 256;
+    if (blocks > 1024) blocks = 1024;
+    dim3 grid(blocks, kv->n_kv);
+    if (dt == KVZ_CUDA_BF16) kv_export_kernel<KVZ_CUDA_BF16><<<grid, 256, 0, s>>>(*kv, ea, k_out, v_out, pos_out);
+    else if (dt == KVZ_CUDA_F16) kv_export_kernel<KVZ_CUDA_F16><<<grid, 256, 0, s>>>(*kv, ea, k_out, v_out, pos_out);
+    else kv_export_kernel<KVZ_CUDA_F32><<<grid, 256, 0, s>>>(*kv, ea, k_out, v_out, pos_out);
+    KVZ_LAUNCH_CHECK("kv_export");
+    return 0;
+}
+
 /* ---------------------------------------------------------------- compaction */
 #define COMPACT_CHUNK 1024
 

@@ -53,6 +53,7 @@ extern "C" {
 typedef enum kvz_cuda_dtype {
     KVZ_CUDA_F32 = 0,  /**< float */
     KVZ_CUDA_BF16 = 1, /**< __nv_bfloat16 */
+    KVZ_CUDA_F16 = 2,  /**< IEEE half (only kvz_cuda_kv_export writes it) */
 } kvz_cuda_dtype;
 
 /** RoPE pairing. */
@@ -188,6 +189,27 @@ int kvz_cuda_kv_append(cudaStream_t s, const kvz_cuda_kv *kv, int T, const void 
 int kvz_cuda_outbuf_write(cudaStream_t s, const kvz_cuda_outbuf *ob, int n_kv, int hd,
                           int T, const void *k_new, int ldk, const void *v_new, int ldv,
                           const int32_t *pos, int slot, const int32_t *d_slot);
+
+/**
+ * Like kvz_cuda_outbuf_write for one token (T = 1), with the slot read on the
+ * device: slot = *d_fill when *d_fill >= 0 (the filling phase), else *d_evict (the
+ * victim chosen by the previous step; nothing is written if it is < 0). Both are
+ * device ints, so one captured CUDA graph serves every decode step.
+ */
+int kvz_cuda_outbuf_write_dev(cudaStream_t s, const kvz_cuda_outbuf *ob, int n_kv, int hd,
+                              const void *k_new, int ldk, const void *v_new, int ldv,
+                              const int32_t *pos, const int32_t *d_fill, const int32_t *d_evict);
+
+/**
+ * Export of one layer's cache rows for storage: for every head h in order, rows
+ * [0, rows[h]) (host counts, <= cap), back to back, converted from bf16 to @p dt
+ * (KVZ_CUDA_F32, KVZ_CUDA_BF16 = copy, KVZ_CUDA_F16 = round to nearest even, the
+ * same bits as runtime/kvz_quant.c kvz_fp32_to_fp16).
+ * @param k_out, v_out (Σ rows, hd) of dt, device;  @param pos_out (Σ rows) int32 device
+ * n_kv <= 64. Errors: KVZ_ERR_ARG, KVZ_ERR_CUDA.
+ */
+int kvz_cuda_kv_export(cudaStream_t s, const kvz_cuda_kv *kv, const int32_t *rows,
+                       kvz_cuda_dtype dt, void *k_out, void *v_out, int32_t *pos_out);
 
 /* ========================================================================== */
 /* Attention                                                                  */

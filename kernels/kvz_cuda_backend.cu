@@ -412,7 +412,24 @@ struct kvz_cuda_cache {
     float *logits;        /* (KVZ_GPU_LOGIT_ROWS, n_vocab) */
     float *scores;        /* (n_layer, n_kv, n_ctx) KVzip scores */
     int64_t scores_n;
+    /* export of kept rows (kvz_cuda_kv_export_layer): device staging + pinned host copy */
+    void *exp_d, *exp_h;
+    size_t exp_d_bytes, exp_h_bytes;
+    /* CUDA-graph decode step (batch 1): inputs {token, position, fill slot} in device
+     * memory, fed from a pinned ring (an event guards each entry's reuse) */
+    int32_t *step_d;      /* (4) device */
+    int32_t *step_h;      /* (GRAPH_RING, 4) pinned */
+    cudaEvent_t step_ev[16];
+    int step_i;
+    cudaGraphExec_t gexec;
+    struct graph_key { const void *k, *ok, *act, *logits; int act_T, doc, want, n_sink, policy; } gkey;
+    int gseen;            /* eager runs with the current key (capture on the second) */
+    int gdisabled;        /* capture failed once: eager from then on */
 };
+#define GRAPH_RING 16
+
+static uint64_t g_graph_launches;
+extern "C" uint64_t kvz_cuda_graph_launches(void) { return g_graph_launches; }
 
 static inline size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
@@ -559,6 +576,13 @@ extern "C" void kvz_cuda_kv_free(kvz_kv *kv)
     dfree(cc->k); dfree(cc->v); dfree(cc->pos); dfree(cc->len); dfree(cc->evict);
     dfree(cc->ok); dfree(cc->ov); dfree(cc->opos);
     dfree(cc->act); dfree(cc->dec_ws); dfree(cc->score_ws); dfree(cc->logits); dfree(cc->scores);
+    dfree(cc->exp_d); dfree(cc->step_d);
+    if (cc->exp_h) cudaFreeHost(cc->exp_h);
+    if (cc->step_h) {
+        cudaFreeHost(cc->step_h);
+        for (int i = 0; i < GRAPH_RING; i++) cudaEventDestroy(cc->step_ev[i]);
+    }
+    if (cc->gexec) cudaGraphExecDestroy(cc->gexec);
     free(cc->L); free(cc->O); free(cc->len_h);
     free(cc);
     kv->cuda = NULL;
@@ -622,6 +646,51 @@ extern "C" int kvz_cuda_kv_get_head(const kvz_kv *kv, int32_t layer, int32_t hea
         rc = kvz_error_set(KVZ_ERR_CUDA, "get_head: cudaMemcpy failed");
     free(b);
     return rc;
+}
+
+/* One layer's rows [0, len[h]) of every head, back to back, converted on the device to
+ * the stored dtype and copied once through pinned memory. Returned pointers are valid
+ * until the next call on this cache or kvz_kv_free. */
+extern "C" int kvz_cuda_kv_export_layer(const kvz_kv *kv, int32_t layer, uint8_t dtype,
+                                        const uint32_t **pos, const void **k, const void **v)
+{
+    kvz_cuda_cache *cc = kv->cuda;
+    if (!cc || layer < 0 || layer >= kv->n_layer || kv->n_kv_head > 64 || dtype > 2)
+        return kvz_error_set(KVZ_ERR_ARG, "kv_export_layer: bad arguments");
+    /* KVZ_DTYPE_F32 = 0, F16 = 1, BF16 = 2 (format/kvz_blob.h) */
+    const kvz_cuda_dtype dt = dtype == 0 ? KVZ_CUDA_F32 : dtype == 1 ? KVZ_CUDA_F16 : KVZ_CUDA_BF16;
+    const size_t esz = dtype == 0 ? 4 : 2, hd = (size_t)kv->head_dim;
+    int32_t rows[64];
+    size_t total = 0;
+    for (int32_t h = 0; h < kv->n_kv_head; h++) {
+        rows[h] = (int32_t)kv->len[(size_t)layer * kv->n_kv_head + h];
+        total += (size_t)rows[h];
+    }
+    const size_t kb = al256(total * hd * esz), need = 2 * kb + al256(total * 4);
+    if (need > cc->exp_d_bytes) {
+        dfree(cc->exp_d);
+        cc->exp_d = NULL;
+        cc->exp_d_bytes = 0;
+        TRY(dmalloc(&cc->exp_d, need, "export staging"));
+        cc->exp_d_bytes = need;
+    }
+    if (need > cc->exp_h_bytes) {
+        if (cc->exp_h) cudaFreeHost(cc->exp_h);
+        cc->exp_h = NULL;
+        cc->exp_h_bytes = 0;
+        KVZ_CUDA_TRY(cudaHostAlloc(&cc->exp_h, need, cudaHostAllocDefault));
+        cc->exp_h_bytes = need;
+    }
+    const cudaStream_t s = kv->m->cuda->s;
+    char *d = (char *)cc->exp_d, *h = (char *)cc->exp_h;
+    TRY(kvz_cuda_kv_export(s, &cc->L[layer], rows, dt, d, d + kb, (int32_t *)(d + 2 * kb)));
+    const size_t used = 2 * kb + total * 4;
+    KVZ_CUDA_TRY(cudaMemcpyAsync(h, d, used, cudaMemcpyDeviceToHost, s));
+    KVZ_CUDA_TRY(cudaStreamSynchronize(s));
+    *k = h;
+    *v = h + kb;
+    *pos = (const uint32_t *)(h + 2 * kb);
+    return 0;
 }
 
 /* ====================================================================== */
@@ -722,7 +791,7 @@ typedef struct score_args {
 } score_args;
 
 static int attention(kvz_model *m, kvz_kv *kv, int32_t l, int32_t n, act_view *a, int use_ob,
-                     int want_evict)
+                     int want_evict, int graph)
 {
     const kvz_config *c = &m->cfg;
     kvz_cuda_cache *cc = kv->cuda;
@@ -736,6 +805,7 @@ static int attention(kvz_model *m, kvz_kv *kv, int32_t l, int32_t n, act_view *a
         int64_t v = kv->len[(size_t)l * c->n_kv_head + h];
         max_len = v > max_len ? v : max_len;
     }
+    if (graph) max_len = kv->cap; /* fixed split grid: splits past len[h] exit at once */
     int32_t *evict = want_evict ? cc->evict + l : NULL;
     if (hd != 64 && hd != 128) {
         if (want_evict)
@@ -774,8 +844,12 @@ static int32_t window_victim(const kvz_kv *kv, int32_t l, int32_t newest)
     return best >= 0 ? best : B - 1;
 }
 
-static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
-                         float *logits, int want, int to_doc, const score_args *sa)
+/* Per-layer work of one pass, enqueued on the model stream. graph = 1: the batch-1
+ * decode step in its capturable form (token, position and fill slot read from
+ * cc->step_d, fixed attention split grid, output-buffer slot chosen on the device,
+ * no host state touched here); the caller updates the host lengths afterwards. */
+static int layers_enqueue(kvz_model *m, kvz_kv *kv, int32_t n, int32_t pos0, act_view *a, int doc,
+                          int32_t slot0, int want_evict, int graph, int32_t *newest, const score_args *sa)
 {
     const kvz_config *c = &m->cfg;
     kvz_cuda_model *g = m->cuda;
@@ -783,6 +857,152 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
     const cudaStream_t s = g->s;
     const int d = c->n_embd, hd = c->head_dim, qd = c->n_head * hd, kvd = c->n_kv_head * hd,
               ff = c->n_ff, nqkv = qd + 2 * kvd, nkv = c->n_kv_head;
+    const kvz_cuda_rope_layout rl = c->rope_adjacent ? KVZ_ROPE_ADJACENT : KVZ_ROPE_HALF;
+    const int32_t B = kv->out_slots;
+    TRY(kvz_cuda_embed(s, g->tok_embd, c->n_vocab, d, a->tok, n, a->x, KVZ_CUDA_F32));
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        const cuda_layer *L = &g->L[l];
+        TRY(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a->x, NULL, KVZ_CUDA_F32, L->attn_norm, a->xn, KVZ_CUDA_BF16));
+        TRY(kvz_cuda_linear(g->blas, s, n, d, nqkv, a->xn, d, L->wqkv, L->bqkv, a->qkv, KVZ_CUDA_BF16, nqkv, 0.f));
+        TRY(kvz_cuda_rope(s, n, c->n_head, nkv, hd, a->qkv, nqkv, a->qkv + qd, nqkv, a->pos, c->rope_theta,
+                          rl, L->q_norm, L->k_norm, c->norm_eps));
+        const bf16 *kn = a->qkv + qd, *vn = a->qkv + qd + kvd;
+        if (doc) {
+            TRY(kvz_cuda_kv_append(s, &cc->L[l], n, kn, nqkv, vn, nqkv, a->pos));
+            if (!graph)
+                for (int h = 0; h < nkv; h++) kv->len[(size_t)l * nkv + h] += n;
+        } else if (graph) {
+            TRY(kvz_cuda_outbuf_write_dev(s, &cc->O[l], nkv, hd, kn, nqkv, vn, nqkv, a->pos, cc->step_d + 2,
+                                          cc->evict + l));
+        } else if (slot0 >= 0) {
+            TRY(kvz_cuda_outbuf_write(s, &cc->O[l], nkv, hd, n, kn, nqkv, vn, nqkv, a->pos, slot0, NULL));
+        } else if (kv->out_policy == KVZ_OUT_WINDOW) {
+            int32_t v = window_victim(kv, l, kv->newest[l]);
+            TRY(kvz_cuda_outbuf_write(s, &cc->O[l], nkv, hd, 1, kn, nqkv, vn, nqkv, a->pos, v, NULL));
+            kv->opos[(size_t)l * B + v] = pos0;
+            *newest = v;
+        } else {
+            TRY(kvz_cuda_outbuf_write(s, &cc->O[l], nkv, hd, 1, kn, nqkv, vn, nqkv, a->pos, -1, cc->evict + l));
+        }
+        if (sa)
+            TRY(kvz_cuda_kvzip_score(s, n, c->n_head, a->qkv, nqkv, a->pos, &cc->L[l], sa->n_prefix,
+                                     sa->n_prefix + sa->c0, sa->n_prefix + sa->c1, sa->rep0,
+                                     cc->scores + (size_t)l * nkv * sa->n_ctx + sa->c0, sa->n_ctx,
+                                     cc->score_ws, cc->score_ws_bytes));
+        TRY(attention(m, kv, l, n, a, !doc, want_evict, graph));
+        TRY(kvz_cuda_linear(g->blas, s, n, qd, d, a->att, qd, L->wo, NULL, a->x, KVZ_CUDA_F32, d, 1.f));
+        TRY(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a->x, NULL, KVZ_CUDA_F32, L->ffn_norm, a->xn, KVZ_CUDA_BF16));
+        TRY(kvz_cuda_linear(g->blas, s, n, d, 2 * ff, a->xn, d, L->wgu, NULL, a->gu, KVZ_CUDA_BF16, 2 * ff, 0.f));
+        TRY(kvz_cuda_swiglu(s, n, ff, a->gu, 2 * ff, a->gu + ff, 2 * ff, a->hb, ff));
+        TRY(kvz_cuda_linear(g->blas, s, n, ff, d, a->hb, ff, L->wdown, NULL, a->x, KVZ_CUDA_F32, d, 1.f));
+    }
+    return 0;
+}
+
+static int graph_wanted(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("KVZ_CUDA_GRAPH");
+        on = !(e && e[0] == '0');
+    }
+    return on;
+}
+
+/* Batch-1 decode step through a CUDA graph: captured on the second step with the same
+ * shape (the first runs the same kernels eagerly), replayed afterwards. Inputs go to
+ * cc->step_d from a pinned ring; logits (if wanted) come back after the replay. */
+static int decode_graph_step(kvz_model *m, kvz_kv *kv, int32_t tok, int32_t pos0, float *logits,
+                             int doc, int32_t slot0, int want_evict)
+{
+    const kvz_config *c = &m->cfg;
+    kvz_cuda_cache *cc = kv->cuda;
+    const cudaStream_t s = m->cuda->s;
+    const size_t V = (size_t)c->n_vocab;
+    act_view a;
+    TRY(ensure_act(kv, 1, &a));
+    if (logits && !cc->logits) TRY(dmalloc((void **)&cc->logits, (size_t)KVZ_GPU_LOGIT_ROWS * V * 4, "logits"));
+    if (!cc->step_d) {
+        TRY(dmalloc((void **)&cc->step_d, 16, "decode step inputs"));
+        KVZ_CUDA_TRY(cudaHostAlloc((void **)&cc->step_h, GRAPH_RING * 16, cudaHostAllocDefault));
+        for (int i = 0; i < GRAPH_RING; i++)
+            KVZ_CUDA_TRY(cudaEventCreateWithFlags(&cc->step_ev[i], cudaEventDisableTiming));
+    }
+    int32_t *in = cc->step_h + 4 * cc->step_i;
+    KVZ_CUDA_TRY(cudaEventSynchronize(cc->step_ev[cc->step_i])); /* this entry's last copy is done */
+    in[0] = tok;
+    in[1] = pos0;
+    in[2] = slot0; /* >= 0: filling slot; -1: the victim of the last step (evict[l]) */
+    in[3] = 0;
+    KVZ_CUDA_TRY(cudaMemcpyAsync(cc->step_d, in, 16, cudaMemcpyHostToDevice, s));
+    KVZ_CUDA_TRY(cudaEventRecord(cc->step_ev[cc->step_i], s));
+    cc->step_i = (cc->step_i + 1) % GRAPH_RING;
+    a.tok = cc->step_d;
+    a.pos = cc->step_d + 1;
+
+    kvz_cuda_cache::graph_key key;
+    memset(&key, 0, sizeof key);
+    key.k = cc->k; key.ok = cc->ok; key.act = cc->act; key.logits = logits ? cc->logits : NULL;
+    key.act_T = cc->act_T; key.doc = doc; key.want = logits != NULL; key.n_sink = kv->n_sink; key.policy = kv->out_policy;
+    if (memcmp(&key, &cc->gkey, sizeof key)) {
+        if (cc->gexec) cudaGraphExecDestroy(cc->gexec);
+        cc->gexec = NULL;
+        cc->gkey = key;
+        cc->gseen = 0;
+    }
+    int32_t newest = -1;
+    auto enqueue = [&]() -> int {
+        TRY(layers_enqueue(m, kv, 1, pos0, &a, doc, slot0, want_evict, 1, &newest, NULL));
+        if (logits) {
+            TRY(kvz_cuda_rmsnorm(s, 1, c->n_embd, c->norm_eps, a.x, NULL, KVZ_CUDA_F32, m->cuda->out_norm,
+                                 a.xn, KVZ_CUDA_BF16));
+            TRY(kvz_cuda_linear(m->cuda->blas, s, 1, c->n_embd, c->n_vocab, a.xn, c->n_embd, m->cuda->output,
+                                NULL, cc->logits, KVZ_CUDA_F32, c->n_vocab, 0.f));
+        }
+        return 0;
+    };
+    if (!cc->gexec && cc->gseen >= 1 && !cc->gdisabled) {
+        cudaGraph_t graph = NULL;
+        int rc = 0;
+        if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) rc = KVZ_ERR_CUDA;
+        if (!rc) {
+            rc = enqueue();
+            cudaError_t e = cudaStreamEndCapture(s, &graph);
+            if (!rc && e != cudaSuccess) rc = KVZ_ERR_CUDA;
+        }
+        if (!rc && cudaGraphInstantiate(&cc->gexec, graph, 0) != cudaSuccess) {
+            cc->gexec = NULL;
+            rc = KVZ_ERR_CUDA;
+        }
+        if (graph) cudaGraphDestroy(graph);
+        if (rc) { /* fall back to eager launches for this cache */
+            cudaGetLastError();
+            kvz_error_clear();
+            cc->gdisabled = 1;
+        }
+    }
+    if (cc->gexec) {
+        KVZ_CUDA_TRY(cudaGraphLaunch(cc->gexec, s));
+        g_graph_launches++;
+    } else {
+        TRY(enqueue());
+        cc->gseen++;
+    }
+    if (logits) {
+        KVZ_CUDA_TRY(cudaMemcpyAsync(logits, cc->logits, V * 4, cudaMemcpyDeviceToHost, s));
+        KVZ_CUDA_TRY(cudaStreamSynchronize(s));
+    }
+    return 0;
+}
+
+static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
+                         float *logits, int want, int to_doc, const score_args *sa)
+{
+    const kvz_config *c = &m->cfg;
+    kvz_cuda_model *g = m->cuda;
+    kvz_cuda_cache *cc = kv->cuda;
+    const cudaStream_t s = g->s;
+    const int d = c->n_embd, hd = c->head_dim, nkv = c->n_kv_head;
     const int doc = kv->out_slots == 0 || to_doc;
     const size_t nlh = (size_t)c->n_layer * nkv;
     if (doc) {
@@ -795,14 +1015,8 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
                              "slots used); a multi-token pass must fit in the free slots",
                              n, kv->out_used[0], kv->out_slots);
     }
-    act_view a;
-    TRY(ensure_act(kv, n, &a));
-    KVZ_CUDA_TRY(cudaMemcpyAsync(a.tok, tokens, (size_t)n * 4, cudaMemcpyHostToDevice, s));
-    iota_kernel<<<(n + 255) / 256, 256, 0, s>>>(a.pos, pos0, n);
-    KVZ_LAUNCH_CHECK("iota");
-    TRY(kvz_cuda_embed(s, g->tok_embd, c->n_vocab, d, a.tok, n, a.x, KVZ_CUDA_F32));
-    const kvz_cuda_rope_layout rl = c->rope_adjacent ? KVZ_ROPE_ADJACENT : KVZ_ROPE_HALF;
     const int32_t B = kv->out_slots;
+    const int tiled = hd == 64 || hd == 128;
 
     /* output-buffer slots of this pass (same for every layer: they fill in lockstep) */
     int32_t slot0 = -1, newest = -1;
@@ -812,37 +1026,39 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
         full_after = full_before || kv->out_used[0] + n >= B;
         if (!full_before) slot0 = kv->out_used[0];
     }
-    for (int32_t l = 0; l < c->n_layer; l++) {
-        const cuda_layer *L = &g->L[l];
-        TRY(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a.x, NULL, KVZ_CUDA_F32, L->attn_norm, a.xn, KVZ_CUDA_BF16));
-        TRY(kvz_cuda_linear(g->blas, s, n, d, nqkv, a.xn, d, L->wqkv, L->bqkv, a.qkv, KVZ_CUDA_BF16, nqkv, 0.f));
-        TRY(kvz_cuda_rope(s, n, c->n_head, nkv, hd, a.qkv, nqkv, a.qkv + qd, nqkv, a.pos, c->rope_theta,
-                          rl, L->q_norm, L->k_norm, c->norm_eps));
-        const bf16 *kn = a.qkv + qd, *vn = a.qkv + qd + kvd;
-        if (doc) {
-            TRY(kvz_cuda_kv_append(s, &cc->L[l], n, kn, nqkv, vn, nqkv, a.pos));
-            for (int h = 0; h < nkv; h++) kv->len[(size_t)l * nkv + h] += n;
-        } else if (slot0 >= 0) {
-            TRY(kvz_cuda_outbuf_write(s, &cc->O[l], nkv, hd, n, kn, nqkv, vn, nqkv, a.pos, slot0, NULL));
-        } else if (kv->out_policy == KVZ_OUT_WINDOW) {
-            int32_t v = window_victim(kv, l, kv->newest[l]);
-            TRY(kvz_cuda_outbuf_write(s, &cc->O[l], nkv, hd, 1, kn, nqkv, vn, nqkv, a.pos, v, NULL));
-            kv->opos[(size_t)l * B + v] = pos0;
-            newest = v;
-        } else {
-            TRY(kvz_cuda_outbuf_write(s, &cc->O[l], nkv, hd, 1, kn, nqkv, vn, nqkv, a.pos, -1, cc->evict + l));
+    /* LongFlow: a decode step always scores the buffer (victim unused while it fills),
+     * so a step costs the same whether the buffer is filling or full */
+    const int longflow = !doc && kv->out_policy == KVZ_OUT_LONGFLOW;
+    const int want_evict = longflow && (full_after || (n == 1 && tiled));
+    const int graph = n == 1 && !sa && tiled && c->n_head / nkv <= 32 && graph_wanted() &&
+                      (doc || longflow) && (want == KVZ_FWD_NO_LOGITS || logits);
+    if (graph) {
+        TRY(decode_graph_step(m, kv, tokens[0], pos0, want == KVZ_FWD_NO_LOGITS ? NULL : logits, doc, slot0,
+                              want_evict));
+        if (doc)
+            for (size_t i = 0; i < nlh; i++) kv->len[i] += 1; /* checked against cap above */
+    } else {
+        act_view a;
+        TRY(ensure_act(kv, n, &a));
+        KVZ_CUDA_TRY(cudaMemcpyAsync(a.tok, tokens, (size_t)n * 4, cudaMemcpyHostToDevice, s));
+        iota_kernel<<<(n + 255) / 256, 256, 0, s>>>(a.pos, pos0, n);
+        KVZ_LAUNCH_CHECK("iota");
+        TRY(layers_enqueue(m, kv, n, pos0, &a, doc, slot0, want_evict, 0, &newest, sa));
+        if (want != KVZ_FWD_NO_LOGITS && logits) {
+            const int32_t first = want == KVZ_FWD_LOGITS_ALL ? 0 : n - 1;
+            const size_t V = (size_t)c->n_vocab;
+            if (!cc->logits) TRY(dmalloc((void **)&cc->logits, (size_t)KVZ_GPU_LOGIT_ROWS * V * 4, "logits"));
+            for (int32_t r0 = first; r0 < n; r0 += KVZ_GPU_LOGIT_ROWS) {
+                const int32_t rows = n - r0 < KVZ_GPU_LOGIT_ROWS ? n - r0 : KVZ_GPU_LOGIT_ROWS;
+                TRY(kvz_cuda_rmsnorm(s, rows, d, c->norm_eps, a.x + (size_t)r0 * d, NULL, KVZ_CUDA_F32,
+                                     g->out_norm, a.xn, KVZ_CUDA_BF16));
+                TRY(kvz_cuda_linear(g->blas, s, rows, d, c->n_vocab, a.xn, d, g->output, NULL, cc->logits,
+                                    KVZ_CUDA_F32, c->n_vocab, 0.f));
+                KVZ_CUDA_TRY(cudaMemcpyAsync(logits + (size_t)(r0 - first) * V, cc->logits,
+                                             (size_t)rows * V * 4, cudaMemcpyDeviceToHost, s));
+                KVZ_CUDA_TRY(cudaStreamSynchronize(s));
+            }
         }
-        if (sa)
-            TRY(kvz_cuda_kvzip_score(s, n, c->n_head, a.qkv, nqkv, a.pos, &cc->L[l], sa->n_prefix,
-                                     sa->n_prefix + sa->c0, sa->n_prefix + sa->c1, sa->rep0,
-                                     cc->scores + (size_t)l * nkv * sa->n_ctx + sa->c0, sa->n_ctx,
-                                     cc->score_ws, cc->score_ws_bytes));
-        TRY(attention(m, kv, l, n, &a, !doc, !doc && full_after && kv->out_policy == KVZ_OUT_LONGFLOW));
-        TRY(kvz_cuda_linear(g->blas, s, n, qd, d, a.att, qd, L->wo, NULL, a.x, KVZ_CUDA_F32, d, 1.f));
-        TRY(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a.x, NULL, KVZ_CUDA_F32, L->ffn_norm, a.xn, KVZ_CUDA_BF16));
-        TRY(kvz_cuda_linear(g->blas, s, n, d, 2 * ff, a.xn, d, L->wgu, NULL, a.gu, KVZ_CUDA_BF16, 2 * ff, 0.f));
-        TRY(kvz_cuda_swiglu(s, n, ff, a.gu, 2 * ff, a.gu + ff, 2 * ff, a.hb, ff));
-        TRY(kvz_cuda_linear(g->blas, s, n, ff, d, a.hb, ff, L->wdown, NULL, a.x, KVZ_CUDA_F32, d, 1.f));
     }
     /* host bookkeeping of the output buffer (mirrors kvz_cpu.c append_kv) */
     if (!doc) {
@@ -856,20 +1072,6 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
                 if (newest >= 0) kv->newest[l] = newest;
             }
         }
-    }
-    if (want == KVZ_FWD_NO_LOGITS || !logits) return 0;
-    const int32_t first = want == KVZ_FWD_LOGITS_ALL ? 0 : n - 1;
-    const size_t V = (size_t)c->n_vocab;
-    if (!cc->logits) TRY(dmalloc((void **)&cc->logits, (size_t)KVZ_GPU_LOGIT_ROWS * V * 4, "logits"));
-    for (int32_t r0 = first; r0 < n; r0 += KVZ_GPU_LOGIT_ROWS) {
-        const int32_t rows = n - r0 < KVZ_GPU_LOGIT_ROWS ? n - r0 : KVZ_GPU_LOGIT_ROWS;
-        TRY(kvz_cuda_rmsnorm(s, rows, d, c->norm_eps, a.x + (size_t)r0 * d, NULL, KVZ_CUDA_F32, g->out_norm,
-                             a.xn, KVZ_CUDA_BF16));
-        TRY(kvz_cuda_linear(g->blas, s, rows, d, c->n_vocab, a.xn, d, g->output, NULL, cc->logits,
-                            KVZ_CUDA_F32, c->n_vocab, 0.f));
-        KVZ_CUDA_TRY(cudaMemcpyAsync(logits + (size_t)(r0 - first) * V, cc->logits, (size_t)rows * V * 4,
-                                     cudaMemcpyDeviceToHost, s));
-        KVZ_CUDA_TRY(cudaStreamSynchronize(s));
     }
     return 0;
 }

@@ -108,6 +108,17 @@ int64_t kvz_cuda_weights_diff(const kvz_model *gpu, const kvz_model *cpu);
 int kvz_cuda_kv_out_pos(const kvz_kv *kv, int32_t layer, int32_t *pos);
 /* Peak device bytes this process allocated through the backend (bench). */
 uint64_t kvz_cuda_mem_peak(void);
+/* Batch-1 decode steps replayed from a CUDA graph so far (bench; KVZ_CUDA_GRAPH=0 turns
+ * graphs off). */
+uint64_t kvz_cuda_graph_launches(void);
+/* Rows [0, len) of every head of @p layer, back to back in head order, converted on the
+ * device to the blob dtype @p dtype (KVZ_DTYPE_F32 / F16 / BF16 of format/kvz_blob.h,
+ * same bits as the host conversion) and copied once through pinned memory: the flat
+ * head-major arrays kvz_blob_encode_layer takes. *pos (Σ len) u32, *k and *v
+ * (Σ len, head_dim) of dtype. The pointers stay valid until the next call on this
+ * cache or kvz_kv_free. Errors: KVZ_ERR_ARG, KVZ_ERR_NOMEM, KVZ_ERR_CUDA. */
+int kvz_cuda_kv_export_layer(const kvz_kv *kv, int32_t layer, uint8_t dtype, const uint32_t **pos,
+                             const void **k, const void **v);
 #endif
 
 #endif

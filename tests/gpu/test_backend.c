@@ -22,6 +22,7 @@
 #include "kvz_kvzip.h"
 #include "kvz_model.h"
 #include "kvz_model_impl.h"
+#include "kvz_quant.h"
 
 #define TOL_LOGITS 5e-2
 #define TIE 0.05
@@ -253,6 +254,43 @@ static void test_kvzip(kvz_model *mc, kvz_model *mg)
     int64_t rows = 0;
     for (size_t i = 0; i < nlh; i++) rows += kvz_kv_len(vg, (int32_t)(i / c->n_kv_head), (int32_t)(i % c->n_kv_head)) - np;
     CHECK(rows == K);
+    /* export of the kept rows (what ingest stores): device conversion == host conversion
+     * of kvz_kv_get_head's rows, bit for bit, for f32 / f16 / bf16 */
+    {
+        const size_t hd = (size_t)c->head_dim, rmax = (size_t)(np + n_ctx);
+        float *kh = malloc(rmax * hd * 4), *vh = malloc(rmax * hd * 4);
+        int32_t *ph = malloc(rmax * 4);
+        int64_t bad = 0;
+        for (int dt = 0; dt < 3; dt++)
+            for (int32_t l = 0; l < c->n_layer; l++) {
+                const uint32_t *dp;
+                const void *dk, *dv;
+                OK(kvz_cuda_kv_export_layer(vg, l, (uint8_t)dt, &dp, &dk, &dv));
+                size_t row = 0;
+                for (int32_t h = 0; h < c->n_kv_head; h++) {
+                    OK(kvz_kv_get_head(vg, l, h, kh, vh, ph));
+                    const int64_t n = kvz_kv_len(vg, l, h);
+                    for (int64_t j = 0; j < n; j++, row++) {
+                        bad += dp[row] != (uint32_t)ph[j];
+                        for (size_t e = 0; e < hd; e++) {
+                            const size_t src = (size_t)j * hd + e, dst = row * hd + e;
+                            if (dt == 0) {
+                                bad += memcmp(&((const float *)dk)[dst], &kh[src], 4) != 0;
+                                bad += memcmp(&((const float *)dv)[dst], &vh[src], 4) != 0;
+                            } else {
+                                uint16_t ek = dt == 1 ? kvz_fp32_to_fp16(kh[src]) : kvz_fp32_to_bf16(kh[src]);
+                                uint16_t ev = dt == 1 ? kvz_fp32_to_fp16(vh[src]) : kvz_fp32_to_bf16(vh[src]);
+                                bad += ((const uint16_t *)dk)[dst] != ek;
+                                bad += ((const uint16_t *)dv)[dst] != ev;
+                            }
+                        }
+                    }
+                }
+            }
+        printf("  export of kept rows (f32/f16/bf16, device conversion): %lld mismatches\n", (long long)bad);
+        CHECK(bad == 0);
+        free(kh); free(vh); free(ph);
+    }
     /* ratio 1.0 keeps every row exactly */
     OK(kvz_kv_create(mg, cap, 0, &vg2));
     OK(kvz_kvzip_score(mg, vg2, pre.ids, np, ctx, n_ctx, &p, sg, NULL, NULL));
@@ -300,6 +338,13 @@ int main(void)
     test_model("tiny-qwen2", 300);
     test_model("tiny-qwen3", 300);
     test_model("smollm2-135m", 256);
+    /* the greedy steps above are batch-1 decode steps: from the second on they replay a
+     * CUDA graph (unless KVZ_CUDA_GRAPH=0) */
+    printf("decode steps replayed from CUDA graphs: %llu\n", (unsigned long long)kvz_cuda_graph_launches());
+    {
+        const char *ge = getenv("KVZ_CUDA_GRAPH");
+        if (!(ge && ge[0] == '0')) CHECK(kvz_cuda_graph_launches() > 0);
+    }
     kvz_model_opts oc = {.device = KVZ_DEVICE_CPU}, og = {.device = KVZ_DEVICE_CUDA};
     kvz_model *mc = NULL, *mg = NULL;
     REQUIRE(kvz_model_synthetic("smollm2-135m", &oc, &mc) == 0);
