@@ -1,15 +1,12 @@
 /* KVzip scoring (CPU hook over the repeat pass) and global / uniform selection. */
 #include "kvz_kvzip.h"
 
-#include <cblas.h>
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvz_error.h"
 #include "kvz_generate.h"
-#include "kvz_vmath.h"
 #ifdef KVZ_HAVE_CUDA
 #include "kvz_model_impl.h" /* kvz_cuda_kvzip_repeat: the device scoring pass */
 #endif
@@ -54,101 +51,6 @@ int64_t kvz_kvzip_cache_rows(const kvz_tokenizer *tok, int32_t n_prefix, int32_t
 }
 
 /* ------------------------------------------------------------------------ */
-
-typedef struct score_ctx {
-    const kvz_config *c;
-    int32_t n_prefix, n_ctx;
-    int32_t c0, c1;          /* chunk range in context tokens */
-    int64_t rep_row0;        /* cache row of the first repeat token (same in every head) */
-    float *scores;           /* (n_layer, n_kv_head, n_ctx) */
-    float *work;             /* per-thread scratch: Qb, S, partial maxima */
-    size_t work_floats;
-} score_ctx;
-
-#define SCORE_QBLOCK 128
-
-/* Hook: q (R, n_head, hd) post-RoPE queries of R repeat tokens whose keys are rows
- * [row0, row0+R) of every head's segment. The forward may deliver the repeat input
- * in several passes: earlier passes' keys are rows [rep_row0, row0). Scores of the
- * chunk accumulate by max across passes (zeroed before the repeat forward).
- * Tasks (KV head, query block) run in parallel; each thread keeps its own partial
- * maxima, reduced at the end. */
-static int score_hook(void *vctx, int32_t l, const float *q, const float *k_new, int32_t R,
-                      int64_t row0, const kvz_kv *kv)
-{
-    (void)k_new;
-    score_ctx *s = vctx;
-    const kvz_config *c = s->c;
-    const int hd = c->head_dim, grp = c->n_head / c->n_kv_head, nkv = c->n_kv_head;
-    const int32_t np = s->n_prefix, mc = s->c1 - s->c0;
-    const int64_t qoff = row0 - s->rep_row0; /* index of the first query in the repeat input */
-    const int64_t W = (int64_t)np + mc + qoff + R;
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int32_t qb = SCORE_QBLOCK < R ? SCORE_QBLOCK : R;
-    const int nthr = omp_get_max_threads();
-    const size_t slice = (size_t)qb * grp * ((size_t)hd + (size_t)W) + (size_t)nkv * mc;
-    if (slice * nthr > s->work_floats) {
-        float *w = realloc(s->work, slice * nthr * sizeof(float));
-        if (!w) return kvz_error_set(KVZ_ERR_NOMEM, "kvzip: cannot allocate scoring memory");
-        s->work = w;
-        s->work_floats = slice * nthr;
-    }
-    const float *K[64];
-    if (nkv > 64) return kvz_error_set(KVZ_ERR_UNSUPPORTED, "kvzip: more than 64 KV heads");
-    for (int h = 0; h < nkv; h++) {
-        int64_t len;
-        int rc = kvz_kv_view(kv, l, h, &K[h], NULL, NULL, &len);
-        if (rc) return rc;
-        if (row0 + R > len || qoff < 0)
-            return kvz_error_set(KVZ_ERR_INTERNAL, "kvzip: repeat rows missing");
-    }
-    for (int t = 0; t < nthr; t++)
-        memset(s->work + (size_t)t * slice + (slice - (size_t)nkv * mc), 0, sizeof(float) * (size_t)nkv * mc);
-    const int64_t nblk = (R + qb - 1) / qb;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t task = 0; task < nkv * nblk; task++) {
-        const int h = (int)(task / nblk);
-        const int32_t i0 = (int32_t)((task % nblk) * qb);
-        float *Qb = s->work + (size_t)omp_get_thread_num() * slice;
-        float *S = Qb + (size_t)qb * grp * hd;
-        float *out = Qb + slice - (size_t)nkv * mc + (size_t)h * mc; /* this thread's maxima */
-        const float *Kp = K[h], *Kc = K[h] + ((size_t)np + s->c0) * hd, *Kr = K[h] + (size_t)s->rep_row0 * hd;
-        const int32_t nq = R - i0 < qb ? R - i0 : qb, rows = nq * grp;
-        for (int32_t i = 0; i < nq; i++)
-            memcpy(Qb + (size_t)i * grp * hd, q + ((size_t)(i0 + i) * c->n_head + (size_t)h * grp) * hd,
-                   sizeof(float) * (size_t)grp * hd);
-        /* S = [Qb·Kpᵀ | Qb·Kcᵀ | Qb·Krᵀ] · scale, repeat keys only up to the block's last query */
-        const int32_t nr = (int32_t)qoff + i0 + nq;
-        if (np > 0)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, np, hd, scale, Qb, hd, Kp,
-                        hd, 0.0f, S, (int)W);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, mc, hd, scale, Qb, hd, Kc, hd,
-                    0.0f, S + np, (int)W);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, nr, hd, scale, Qb, hd, Kr, hd,
-                    0.0f, S + np + mc, (int)W);
-        for (int32_t i = 0; i < nq; i++) {
-            const int32_t vis = np + mc + (int32_t)qoff + i0 + i + 1; /* causal over repeat keys */
-            for (int g = 0; g < grp; g++) {
-                float *row = S + ((size_t)i * grp + g) * (size_t)W;
-                const float mx = kvz_max(row, vis);
-                const float inv = 1.0f / kvz_exp_sub_sum(row, vis, mx);
-                const float *a = row + np;
-                for (int32_t j = 0; j < mc; j++) {
-                    const float v = a[j] * inv;
-                    out[j] = v > out[j] ? v : out[j];
-                }
-            }
-        }
-    }
-    for (int h = 0; h < nkv; h++) {
-        float *dst = s->scores + ((size_t)l * nkv + h) * s->n_ctx + s->c0;
-        for (int t = 0; t < nthr; t++) {
-            const float *src = s->work + (size_t)t * slice + (slice - (size_t)nkv * mc) + (size_t)h * mc;
-            for (int32_t j = 0; j < mc; j++) dst[j] = src[j] > dst[j] ? src[j] : dst[j];
-        }
-    }
-    return 0;
-}
 
 int kvz_kvzip_score(kvz_model *m, kvz_kv *kv, const int32_t *prefix, int32_t n_prefix,
                     const int32_t *ctx, int32_t n_ctx, const kvz_kvzip_params *p, float *scores,
@@ -198,26 +100,27 @@ int kvz_kvzip_score(kvz_model *m, kvz_kv *kv, const int32_t *prefix, int32_t n_p
         return rc;
     }
 #endif
-    score_ctx sc = {.c = c, .n_prefix = n_prefix, .n_ctx = n_ctx, .scores = scores};
-    kvz_layer_hook hook = {.fn = score_hook, .ctx = &sc};
+    /* CPU: the repeat pass's own attention scores the chunk (kvz_kv_probe) */
     kvz_tokens rin = {0};
     for (int32_t t = 0; t < n_chunks && !rc; t++) {
         rin.n = 0;
         if ((rc = kvz_kvzip_repeat_input(tok, ctx, n_ctx, t, p, &rin))) break;
-        sc.c0 = t * p->chunk;
-        sc.c1 = sc.c0 + p->chunk < n_ctx ? sc.c0 + p->chunk : n_ctx;
-        sc.rep_row0 = n_all;
+        const int32_t c0 = t * p->chunk, c1 = c0 + p->chunk < n_ctx ? c0 + p->chunk : n_ctx;
         for (int32_t l = 0; l < c->n_layer; l++)
             for (int32_t h = 0; h < c->n_kv_head; h++)
-                memset(scores + ((size_t)l * c->n_kv_head + h) * n_ctx + sc.c0, 0,
-                       sizeof(float) * (size_t)(sc.c1 - sc.c0));
+                memset(scores + ((size_t)l * c->n_kv_head + h) * n_ctx + c0, 0,
+                       sizeof(float) * (size_t)(c1 - c0));
+        const kvz_kv_probe pr = {.n_prefix = n_prefix, .c0 = (int64_t)n_prefix + c0,
+                                 .c1 = (int64_t)n_prefix + c1, .rep_row0 = n_all,
+                                 .scores = scores, .stride = n_ctx, .off = c0};
+        if ((rc = kvz_kv_set_probe(kv, &pr))) break;
         rc = kvz_forward(m, kv, rin.ids, (int32_t)rin.n, n_all, NULL,
-                         KVZ_FWD_NO_LOGITS | KVZ_FWD_DISCARD, &hook);
-        done += sc.c1 - sc.c0 + 32;
+                         KVZ_FWD_NO_LOGITS | KVZ_FWD_DISCARD, NULL);
+        kvz_kv_set_probe(kv, NULL);
+        done += c1 - c0 + 32;
         if (!rc && progress) rc = progress(progress_ctx, done < total ? done : total, total);
     }
     kvz_tokens_free(&rin);
-    free(sc.work);
     return rc;
 }
 

@@ -126,6 +126,9 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
     if (qb > n) qb = n;
     const int64_t nblk = (n + qb - 1) / qb;
     const int ostride = nkv * hd;
+    const kvz_kv_probe *pr = kv->probe.scores ? &kv->probe : NULL;
+    const int64_t pm = pr ? pr->c1 - pr->c0 : 0;
+    if (pr) memset(kv->probe_part, 0, sizeof(float) * (size_t)nthr * nkv * (size_t)pm);
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t task = 0; task < nkv * nblk; task++) {
         const int h = (int)(task / nblk);
@@ -165,6 +168,19 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
                 const float mx = kvz_max(row, W);
                 const float sum = kvz_exp_sub_sum(row, W, mx);
                 kvz_scale(row, W, 1.0f / sum);
+                if (pr) { /* subset-normalised probabilities of the scored rows */
+                    float sub = 0.0f;
+                    for (int64_t j = 0; j < pr->n_prefix && j < vis; j++) sub += row[j];
+                    for (int64_t j = pr->c0; j < pr->c1 && j < vis; j++) sub += row[j];
+                    for (int64_t j = pr->rep_row0; j < vis; j++) sub += row[j];
+                    const float inv = sub > 0.0f ? 1.0f / sub : 0.0f;
+                    float *part = kv->probe_part + ((size_t)omp_get_thread_num() * nkv + h) * (size_t)pm;
+                    const float *a = row + pr->c0;
+                    for (int64_t j = 0; j < pm; j++) {
+                        const float v = a[j] * inv;
+                        part[j] = v > part[j] ? v : part[j];
+                    }
+                }
             }
         }
         if (W == 0) memset(Ob, 0, sizeof(float) * (size_t)R * hd);
@@ -187,6 +203,15 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
                 float p = 0.0f;
                 for (int g = 0; g < grp; g++) p += S[((size_t)(nq - 1) * grp + g) * W + Lb + j];
                 lf[(size_t)h * B + j] = p * l1;
+            }
+        }
+    }
+    if (pr) {
+        for (int h = 0; h < nkv; h++) {
+            float *dst = pr->scores + ((size_t)l * nkv + h) * (size_t)pr->stride + pr->off;
+            for (int t = 0; t < nthr; t++) {
+                const float *src = kv->probe_part + ((size_t)t * nkv + h) * (size_t)pm;
+                for (int64_t j = 0; j < pm; j++) dst[j] = src[j] > dst[j] ? src[j] : dst[j];
             }
         }
     }

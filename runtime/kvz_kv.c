@@ -1,4 +1,5 @@
 /* The KV cache: document segments per (layer, KV head) + LongFlow output buffer. */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,6 +69,7 @@ void kvz_kv_free(kvz_kv *kv)
     free(kv->ok); free(kv->ov); free(kv->opos);
     free(kv->out_used); free(kv->victim); free(kv->newest);
     free(kv->scratch);
+    free(kv->probe_part);
     free(kv);
 }
 
@@ -83,6 +85,27 @@ void kvz_kv_clear(kvz_kv *kv)
 #ifdef KVZ_HAVE_CUDA
     if (kv->cuda) kvz_cuda_kv_sync(kv, 1); /* errors surface at the next forward */
 #endif
+}
+
+int kvz_kv_set_probe(kvz_kv *kv, const kvz_kv_probe *p)
+{
+    if (!p) {
+        memset(&kv->probe, 0, sizeof kv->probe);
+        return 0;
+    }
+    if (kv->cuda) return kvz_error_set(KVZ_ERR_UNSUPPORTED, "the KVzip probe runs on the CPU backend");
+    if (p->c1 < p->c0 || p->c0 < p->n_prefix || p->rep_row0 < p->c1 || !p->scores)
+        return kvz_error_set(KVZ_ERR_ARG, "kv probe: bad row ranges");
+    const int nt = omp_get_max_threads() > kv->m->n_threads ? omp_get_max_threads() : kv->m->n_threads;
+    const size_t need = (size_t)nt * (size_t)kv->n_kv_head * (size_t)(p->c1 - p->c0);
+    if (need > kv->probe_part_cap) {
+        float *w = realloc(kv->probe_part, need * sizeof(float));
+        if (!w) return KVZ_ERR_NOMEM;
+        kv->probe_part = w;
+        kv->probe_part_cap = need;
+    }
+    kv->probe = *p;
+    return 0;
 }
 
 void kvz_kv_checkpoint(kvz_kv *kv)

@@ -148,6 +148,26 @@ int kvz_kv_set_layer(kvz_kv *kv, int32_t layer, const uint32_t *counts, const in
 int kvz_kv_get_head(const kvz_kv *kv, int32_t layer, int32_t head, float *k, float *v,
                     int32_t *pos);
 
+/**
+ * KVzip probe (CPU backend). While set, attention also scores the rows [c0, c1) of
+ * every document segment: for each new query i and query head g of KV head h, the
+ * softmax restricted to the key subset rows [0, n_prefix) ∪ [c0, c1) ∪ [rep_row0, ...)
+ * (causal), computed from the full softmax as p_j / Σ_subset p; the maximum over
+ * queries and the GQA group is max-accumulated into
+ * scores[(layer * n_kv_head + h) * stride + off + (j - c0)].
+ * The caller zeroes those scores before the pass. This fuses DESIGN §3's scoring into
+ * the repeat pass's own attention: no second QK product.
+ */
+typedef struct kvz_kv_probe {
+    int64_t n_prefix;   /**< subset rows [0, n_prefix) */
+    int64_t c0, c1;     /**< scored rows [c0, c1) */
+    int64_t rep_row0;   /**< subset rows from here on (the repeat input), causal */
+    float *scores;      /**< output, see above */
+    int64_t stride, off;
+} kvz_kv_probe;
+/** Set (or clear with NULL) the probe. @return 0, KVZ_ERR_NOMEM, KVZ_ERR_UNSUPPORTED (device cache). */
+int kvz_kv_set_probe(kvz_kv *kv, const kvz_kv_probe *p);
+
 /** LongFlow statistics of the output buffer. */
 typedef struct kvz_kv_stats {
     int64_t out_slots;      /**< B */

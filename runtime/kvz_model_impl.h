@@ -59,6 +59,9 @@ struct kvz_kv {
     int32_t *victim;         /* (n_layer) slot the next token overwrites when full */
     int32_t *newest;         /* (n_layer) slot written last */
     int64_t evictions;       /* overwrites, summed over layers */
+    kvz_kv_probe probe;      /* KVzip probe, active when probe.scores != NULL */
+    float *probe_part;       /* (threads, n_kv_head, c1-c0) per-thread maxima */
+    size_t probe_part_cap;
     float *scratch;          /* CPU work memory, grown on demand, reused across steps */
     size_t scratch_cap;      /* floats */
     kvz_cuda_cache *cuda;    /* device cache on the CUDA backend */
