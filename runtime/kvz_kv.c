@@ -73,9 +73,9 @@ void kvz_kv_free(kvz_kv *kv)
     free(kv);
 }
 
-void kvz_kv_clear(kvz_kv *kv)
+/* Empty the output buffer and push the host lengths to the device cache. */
+static void reset_output(kvz_kv *kv)
 {
-    memset(kv->len, 0, sizeof *kv->len * (size_t)kv->n_layer * (size_t)kv->n_kv_head);
     memset(kv->out_used, 0, sizeof(int32_t) * (size_t)kv->n_layer);
     memset(kv->victim, 0, sizeof(int32_t) * (size_t)kv->n_layer);
     memset(kv->newest, 0, sizeof(int32_t) * (size_t)kv->n_layer);
@@ -85,6 +85,12 @@ void kvz_kv_clear(kvz_kv *kv)
 #ifdef KVZ_HAVE_CUDA
     if (kv->cuda) kvz_cuda_kv_sync(kv, 1); /* errors surface at the next forward */
 #endif
+}
+
+void kvz_kv_clear(kvz_kv *kv)
+{
+    memset(kv->len, 0, sizeof *kv->len * (size_t)kv->n_layer * (size_t)kv->n_kv_head);
+    reset_output(kv);
 }
 
 int kvz_kv_set_probe(kvz_kv *kv, const kvz_kv_probe *p)
@@ -120,15 +126,7 @@ void kvz_kv_rollback(kvz_kv *kv)
     const size_t n = (size_t)kv->n_layer * (size_t)kv->n_kv_head;
     if (kv->mark) memcpy(kv->len, kv->mark, n * sizeof *kv->len);
     else memset(kv->len, 0, n * sizeof *kv->len);
-    memset(kv->out_used, 0, sizeof(int32_t) * (size_t)kv->n_layer);
-    memset(kv->victim, 0, sizeof(int32_t) * (size_t)kv->n_layer);
-    memset(kv->newest, 0, sizeof(int32_t) * (size_t)kv->n_layer);
-    kv->evictions = 0;
-    if (kv->opos)
-        for (size_t i = 0; i < (size_t)kv->n_layer * (size_t)kv->out_slots; i++) kv->opos[i] = -1;
-#ifdef KVZ_HAVE_CUDA
-    if (kv->cuda) kvz_cuda_kv_sync(kv, 1); /* errors surface at the next forward */
-#endif
+    reset_output(kv);
 }
 
 int64_t kvz_kv_len(const kvz_kv *kv, int32_t layer, int32_t head)
