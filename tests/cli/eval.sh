@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kvzip-eval end to end on a small subset: the two smallest sample documents, two
-# questions each, ratios 1 and 0.3, short answers. Checks the exit codes of bad
+# questions each, ratios 1 and 0.3, 8-token answers. Checks the exit codes of bad
 # input, the markdown table, the --json structure, and that at ratio 1.0 the
 # KVzip cache answers exactly like the full cache (100% agreement, ΔNLL 0).
 # Env: KVZ_BIN (build/bin), KVZ_MODEL, KVZ_SOURCE_DIR. Exit 77 = skipped.
@@ -34,7 +34,7 @@ check "the error names the line" grep -q "bad.jsonl:1" "$T/err"
 # the real run
 t0=$(date +%s)
 "$EVAL" --model "$KVZ_MODEL" --docs halcyon_warranty_returns,lab_b214_safety_sop --per-doc 2 \
-    --ratios 1,0.3 --max-tokens 16 --json "$T/out.json" "$QA" >"$T/table.md" 2>"$T/log"
+    --ratios 1,0.3 --max-tokens 8 --json "$T/out.json" "$QA" >"$T/table.md" 2>"$T/log"
 rc=$?
 echo "kvzip-eval took $(( $(date +%s) - t0 )) s"
 check "run exits 0" [ $rc -eq 0 ]
