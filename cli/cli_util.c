@@ -12,6 +12,14 @@
 
 const char *cli_prog = "kvzip";
 
+void cli_init(const char *prog, char **argv)
+{
+    cli_prog = prog;
+    if (getenv("OMP_WAIT_POLICY")) return;
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv("/proc/self/exe", argv); /* returns only on failure: then run as we are */
+}
+
 void cli_error(int rc, const char *fmt, ...)
 {
     char what[1024];

@@ -17,6 +17,12 @@ enum { EXIT_OK = 0, EXIT_FAIL = 1, EXIT_USAGE = 2, EXIT_INPUT = 3, EXIT_MODEL = 
 
 extern const char *cli_prog;
 
+/* Call first in main(): sets the program name and, unless the user chose an OpenMP
+ * wait policy, re-executes the program once with OMP_WAIT_POLICY=passive. libgomp
+ * reads it only at start-up; its default (spin-waiting threads) costs up to 100x
+ * when the cores are shared with other work, and ~nothing is lost when idle. */
+void cli_init(const char *prog, char **argv);
+
 /* Print "prog: error: <what>: <strerror(rc)>[: detail]" on one line. */
 void cli_error(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Print "prog: <msg>" and exit(EXIT_USAGE). */

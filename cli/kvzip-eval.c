@@ -998,7 +998,7 @@ static int name_matches(const char *doc, const char *want)
 
 int main(int argc, char **argv)
 {
-    cli_prog = "kvzip-eval";
+    cli_init("kvzip-eval", argv);
     const char *qa_path = NULL, *model_flag = NULL, *json_path = NULL, *plot_path = NULL;
     const char *ratios_s = "1,0.5,0.3,0.2,0.1", *baselines_s = "random,window,snapkv", *docs_s = NULL;
     long limit = 0, per_doc = 0, max_tokens = 48, threads = 0, seed = 1;

@@ -153,7 +153,7 @@ static int on_progress(void *ctx, int64_t done, int64_t total)
 
 int main(int argc, char **argv)
 {
-    cli_prog = "kvzip-ingest";
+    cli_init("kvzip-ingest", argv);
     const char *store_flag = NULL, *model_flag = NULL, *synth_flag = NULL, *id_flag = NULL;
     long threads = 0, part_tokens = 0, max_map = 0;
     int json = 0, quiet = 0;

@@ -86,7 +86,7 @@ static int on_token(void *ctx, int32_t id)
 
 int main(int argc, char **argv)
 {
-    cli_prog = "kvzip-query";
+    cli_init("kvzip-query", argv);
     const char *text_path = NULL, *model_flag = NULL, *synth_flag = NULL, *doc_id = NULL, *store_flag = NULL;
     long budget = 1024;
     long max_tokens = 256, threads = 0, seed = 1;

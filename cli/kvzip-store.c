@@ -442,7 +442,7 @@ static int cmd_stats(kvz_store *s, const char *path)
 
 int main(int argc, char **argv)
 {
-    cli_prog = "kvzip-store";
+    cli_init("kvzip-store", argv);
     const char *store_flag = NULL, *cmd = NULL, *arg = NULL;
     int compact = 0;
     for (int i = 1; i < argc; i++) {

@@ -24,7 +24,7 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-    cli_prog = "kvzip-tokenize";
+    cli_init("kvzip-tokenize", argv);
     int pieces = 0, flags = 0;
     const char *model = NULL;
     for (int i = 1; i < argc; i++) {
