@@ -113,10 +113,16 @@ static void free_run(run *r)
     free(r->logits);
 }
 
+/* Stop-token ids, found once (kvz_chat_is_stop looks names up: too slow per step). */
+static int32_t g_stops[8];
+static int g_nstops = -1;
+
 static void suppress_stops(const kvz_tokenizer *tok, float *lg, int n)
 {
-    for (int i = 0; i < n; i++)
-        if (kvz_chat_is_stop(tok, i)) lg[i] = -INFINITY;
+    if (g_nstops < 0)
+        for (int i = g_nstops = 0; i < n && g_nstops < 8; i++)
+            if (kvz_chat_is_stop(tok, i)) g_stops[g_nstops++] = i;
+    for (int i = 0; i < g_nstops; i++) lg[g_stops[i]] = -INFINITY;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -219,6 +225,10 @@ static int bench_quality(kvz_model *m, const char *name, const kvz_tokens *doc, 
             log_softmax(r[k].logits, nv);
             r[k].kl += kl_div(r[0].logits, r[k].logits, nv);
         }
+        if ((s + 1) % 100 == 0) {
+            fprintf(stderr, "\r%s: %d/%d tokens, %.0f s", name, s + 1, n_tok, kvz_now() - t_start);
+            if (s + 1 == n_tok) fputc('\n', stderr);
+        }
         if (s + 1 == n_tok) break;
         for (int k = 0; k < nr && !rc; k++)
             rc = kvz_forward(m, r[k].kv, &id, 1, pos, r[k].logits, KVZ_FWD_LOGITS_LAST, NULL);
@@ -243,6 +253,12 @@ static int bench_quality(kvz_model *m, const char *name, const kvz_tokens *doc, 
             if (head[i] == '\n') head[i] = ' ';
         printf("\n%s: %zu document + %zu question tokens, %d sampled tokens (%d distinct), %.0f s\n"
                "  starts: \"%s...\"\n", name, doc->n, q->n, n_tok, distinct, kvz_now() - t_start, head);
+        printf("  B=inf (unbounded): argmax = sampled token %.1f%%\n", 100.0 * self_tok / n_tok);
+        for (int k = 1; k < nr; k++)
+            printf("  B=%-4d %-11s top1 %5.1f%%  tok %5.1f%%  KL %.4f\n", r[k].B,
+                   r[k].policy == KVZ_OUT_LONGFLOW ? "LongFlow" : "sink+window", 100.0 * r[k].top1 / n_tok,
+                   100.0 * r[k].tok / n_tok, r[k].kl / n_tok);
+        fflush(stdout);
         fprintf(table, "| %s | inf | (unbounded) | 100.0 | %.1f | 0 | 0 |\n", name, 100.0 * self_tok / n_tok);
         for (int k = 1; k < nr; k++) {
             kvz_kv_stats st;
@@ -315,6 +331,7 @@ int main(int argc, char **argv)
         kvz_tokens_free(&d);
         kvz_tokens_free(&qs);
         if (ms != m) kvz_model_free(ms);
+        g_nstops = -1; /* the speed model may have had another tokenizer */
     }
     if (!rc && (!strcmp(part, "quality") || !strcmp(part, "all"))) {
         char *list = strdup(docs), *save = NULL;
