@@ -249,6 +249,7 @@ int main(int argc, char **argv)
         } else {
             putchar('\n');
         }
+        fflush(stdout); /* the answer line before any --stats line on stderr */
         if (stats)
             fprintf(stderr, "kvzip-query: question %d: %d prompt tokens, first token %.3f s, "
                     "%d tokens at %.1f tok/s\n", i + 1, gs.n_prompt, gs.prefill_s, gs.n_gen,
