@@ -223,22 +223,6 @@ static int w_f32(wsrc *w, const float *h, size_t n, uint64_t tid, float lo, floa
     return synth_gen<float>(w->g->s, *out, (int64_t)n, w->m->synth_seed, tid, lo, hi);
 }
 
-static void free_host_weights(kvz_model *m)
-{
-    if (m->layers) {
-        for (int32_t l = 0; l < m->cfg.n_layer; l++) {
-            kvz_layer_w *L = &m->layers[l];
-            free(L->attn_norm); free(L->wqkv); free(L->bqkv); free(L->q_norm);
-            free(L->k_norm); free(L->wo); free(L->ffn_norm); free(L->wgu); free(L->wdown);
-            memset(L, 0, sizeof *L);
-        }
-    }
-    if (m->output != m->tok_embd) free(m->output);
-    free(m->tok_embd);
-    free(m->out_norm);
-    m->tok_embd = m->output = m->out_norm = NULL;
-}
-
 static int model_init(kvz_model *m)
 {
     const kvz_config *c = &m->cfg;
@@ -303,7 +287,7 @@ static int model_init(kvz_model *m)
     dfree(g->staging);
     g->staging = NULL;
     m->weight_bytes = bytes;
-    free_host_weights(m);
+    kvz_model_free_host_weights(m);
     return 0;
 }
 

@@ -322,16 +322,15 @@ static int model_init(kvz_model *m, const kvz_model_opts *opts, int synthetic)
     return 0;
 }
 
-static void free_host_weights(kvz_model *m)
+void kvz_model_free_host_weights(kvz_model *m)
 {
     if (m->layers) {
         for (int32_t l = 0; l < m->cfg.n_layer; l++) {
             kvz_layer_w *L = &m->layers[l];
             free(L->attn_norm); free(L->wqkv); free(L->bqkv); free(L->q_norm);
             free(L->k_norm); free(L->wo); free(L->ffn_norm); free(L->wgu); free(L->wdown);
+            memset(L, 0, sizeof *L);
         }
-        free(m->layers);
-        m->layers = NULL;
     }
     if (m->output != m->tok_embd) free(m->output);
     free(m->tok_embd);
@@ -407,7 +406,8 @@ void kvz_model_free(kvz_model *m)
 #ifdef KVZ_HAVE_CUDA
     if (m->cuda) kvz_cuda_model_free(m);
 #endif
-    free_host_weights(m);
+    kvz_model_free_host_weights(m);
+    free(m->layers);
     free(m->rope_inv_freq);
     kvz_tokenizer_free(m->tok);
     kvz_gguf_close(m->gguf);

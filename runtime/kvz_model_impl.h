@@ -67,6 +67,10 @@ struct kvz_kv {
     kvz_cuda_cache *cuda;    /* device cache on the CUDA backend */
 };
 
+/* Free the host fp32 weights (the layer array stays, zeroed). The CUDA backend
+ * calls it after upload; kvz_model_free calls it for every model. */
+void kvz_model_free_host_weights(kvz_model *m);
+
 /* CPU backend entry points (kvz_cpu.c) */
 int kvz_cpu_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
                     float *logits, int flags, const kvz_layer_hook *hook);
