@@ -3,7 +3,7 @@
  * measured in the same run: a large cuBLAS bf16 GEMM (through kvz_cuda_linear) and
  * a device-to-device cudaMemcpy (bytes read + written). Shapes: llama3-8b
  * (32 q heads, 8 kv heads, hd 128) and SmolLM2-135M (9/3, hd 64).
- * Usage: gpu_kernels [quick]. Exit 77 without a GPU. */
+ * Usage: gpu_kernels [quick|attn]. Exit 77 without a GPU. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,6 +200,57 @@ static void bench_decode(int nh, int nkv, int hd, int ctx, int B, int iters)
     if (B) { cudaFree(ob.k); cudaFree(ob.v); cudaFree(ob.slot_pos); cudaFree(c.sc); cudaFree(c.ev); }
 }
 
+/* The repeat pass's attention at context n_ctx: R queries after the context over the
+ * whole cache (prefix + context + causal repeat rows); plain, and with the KVzip subset
+ * statistics fused in followed by the one-pass chunk score (the ingest path). */
+typedef struct { score_ctx s; void *o; } rep_ctx;
+static void run_repeat_plain(void *p)
+{
+    rep_ctx *c = p;
+    OK(kvz_cuda_attn_prefill(S, c->s.a.T, c->s.a.nh, c->s.a.q, c->s.a.nh * c->s.a.kv.hd, c->s.a.qpos, &c->s.a.kv,
+                             NULL, c->o, c->s.a.nh * c->s.a.kv.hd));
+}
+static void run_repeat_fused(void *p)
+{
+    rep_ctx *c = p;
+    score_ctx *s = &c->s;
+    int ld = s->a.nh * s->a.kv.hd;
+    OK(kvz_cuda_attn_prefill_kvzip(S, s->a.T, s->a.nh, s->a.q, ld, s->a.qpos, &s->a.kv, c->o, ld, s->n_prefix,
+                                   s->c0, s->c1, s->rep0, s->ws, s->wsb));
+    OK(kvz_cuda_kvzip_score_fused(S, s->a.T, s->a.nh, s->a.q, ld, s->a.qpos, &s->a.kv, s->c0, s->c1, s->score,
+                                  s->c1 - s->c0, s->ws, s->wsb));
+}
+static void bench_repeat(int nh, int nkv, int hd, int n_prefix, int n_ctx, int chunk, int R, int iters)
+{
+    rep_ctx c;
+    int L = n_prefix + n_ctx + R;
+    c.s.a.T = R; c.s.a.nh = nh;
+    c.s.a.q = drand_bf((size_t)R * nh * hd, 1.f);
+    c.s.a.qpos = dev_iota(R, n_prefix + n_ctx);
+    c.s.a.kv = make_cache(nkv, L, hd, L);
+    c.s.a.ob = NULL;
+    c.o = dalloc((size_t)R * nh * hd * 2);
+    c.s.n_prefix = n_prefix; c.s.c0 = n_prefix + n_ctx - chunk; c.s.c1 = n_prefix + n_ctx; c.s.rep0 = n_prefix + n_ctx;
+    c.s.score = dalloc((size_t)nkv * chunk * 4);
+    c.s.wsb = kvz_cuda_kvzip_score_ws_size(R, nh);
+    c.s.ws = dalloc(c.s.wsb);
+    double keys = n_prefix + n_ctx + (R + 1) / 2.0;
+    double flop = 4.0 * hd * nh * (double)R * keys;
+    char name[96];
+    double ms = time_ms(run_repeat_plain, &c, iters);
+    snprintf(name, sizeof name, "repeat attn %d/%d hd%d R=%d ctx=%d", nh, nkv, hd, R, n_ctx);
+    report_flops(name, ms, flop);
+    ms = time_ms(run_repeat_fused, &c, iters);
+    snprintf(name, sizeof name, "  + fused kvzip stats + chunk score (%d)", chunk);
+    report_flops(name, ms, flop); /* same useful FLOPs: the score's extra QK pass is overhead */
+    ms = time_ms(run_score, &c.s, iters);
+    snprintf(name, sizeof name, "  (old path's separate 2-pass score alone)");
+    double keys1 = n_prefix + chunk + (R + 1) / 2.0;
+    report_flops(name, ms, 2.0 * hd * nh * (double)R * (keys1 + chunk));
+    cudaFree(c.s.a.q); cudaFree(c.s.a.qpos); cudaFree(c.s.score); cudaFree(c.s.ws); cudaFree(c.o);
+    free_cache(&c.s.a.kv);
+}
+
 static void bench_score(int nh, int nkv, int hd, int n_prefix, int n_ctx, int c0, int chunk, int R, int iters)
 {
     score_ctx c;
@@ -226,6 +277,7 @@ static void bench_score(int nh, int nkv, int hd, int n_prefix, int n_ctx, int c0
 int main(int argc, char **argv)
 {
     int quick = argc > 1 && !strcmp(argv[1], "quick");
+    int attn_only = argc > 1 && !strcmp(argv[1], "attn"); /* attention benches only (A/B of kernels) */
     int it = quick ? 5 : 20;
     int n = 0;
     if (kvz_cuda_device_count(&n) || !n) { printf("SKIP: no CUDA device (%s)\n", kvz_error_detail()); return 77; }
@@ -253,7 +305,7 @@ int main(int argc, char **argv)
         cudaFree(c.a); cudaFree(c.b);
     }
     /* GEMM shapes of a llama3-8b layer */
-    {
+    if (!attn_only) {
         int T = 4096;
         gemm_ctx g = {bl, T, 4096, 14336, drand_bf((size_t)T * 4096, 1.f), drand_bf(14336ull * 4096, 0.02f),
                       dalloc((size_t)T * 14336 * 2), KVZ_CUDA_BF16};
@@ -273,6 +325,10 @@ int main(int argc, char **argv)
     bench_prefill(32, 8, 128, 4096, it);
     if (!quick) bench_prefill(32, 8, 128, 16384, 5);
     bench_prefill(9, 3, 64, 8192, it);
+    bench_repeat(32, 8, 128, 64, 8192, 2000, 2078, it);
+    bench_repeat(32, 8, 128, 64, 32768, 2000, 2078, attn_only ? it : 5);
+    bench_repeat(9, 3, 64, 64, 8192, 2000, 2078, it);
+    if (attn_only) goto done;
     bench_decode(32, 8, 128, 32768, 0, it);
     bench_decode(32, 8, 128, 32768, 2048, it);
     bench_decode(32, 8, 128, 4096, 2048, it);
@@ -325,6 +381,7 @@ int main(int argc, char **argv)
         report_bytes("argmax 1 x 128256", ms, 128256.0 * 4);
         cudaFree(ac.lg); cudaFree(ac.out);
     }
+done:
     CU(cudaDeviceSynchronize());
     kvz_cuda_blas_destroy(bl);
     printf("bench done\n");

@@ -1,44 +1,25 @@
-/* Flash attention, FA2 style, one kernel template with three modes:
+/* Flash attention, FA2 style (mma.sync, any sm_80+), one kernel template with three modes:
  *   FA_OUT   : O = softmax(QKᵀ/√d)·V                       (prefill)
  *   FA_STATS : per query row m (base-2 scaled max) and l (sum)  (KVzip pass 1)
  *   FA_SCORE : score[key] = max_rows exp2(s-m)/l, atomicMax     (KVzip pass 2)
  * Block = 4 warps = 64 query rows of one KV head; rows are (token, group head)
  * pairs r = t·G + g, so each K/V tile in shared memory serves the whole GQA group.
  * Keys stream in tiles of 64 through a cp.async double buffer. The key set is a
- * list of segments: up to 3 cache row ranges of head h plus the output buffer. */
-#include <float.h>
-#include <limits.h>
-
+ * list of segments: up to 3 cache row ranges of head h plus the output buffer.
+ * On Hopper builds (sm_90a) fattn_sm90.cu takes FA_OUT and FA_SCORE; this kernel
+ * remains for FA_STATS, other GPUs and KVZ_CUDA_FA=mma. */
 #include "fattn.cuh"
+#include "fattn_common.cuh"
 
-enum { FA_OUT = 0, FA_STATS = 1, FA_SCORE = 2 };
 #define FA_BM 64
 #define FA_BN 64
 #define FA_WARPS 4
-#define FA_MAXSEG 4
-
-struct fa_params {
-    const bf16 *q;
-    int ldq;
-    const int32_t *qpos;
-    int T, G, n_head;
-    kvz_cuda_kv kv;
-    int n_cseg;             /* cache segments */
-    int lo[3], hi[3];       /* hi < 0 → len[h] */
-    int sorted[3];          /* segment positions non-decreasing → causal cut */
-    kvz_cuda_outbuf ob;     /* ob.k == NULL → none */
-    bf16 *o;
-    int ldo;
-    float *ml;              /* (T·n_head, 2) */
-    float *score;
-    int ld_score, c0;
-    float scale_log2;
-};
 
 template <int HD> struct fa_smem {
     bf16 k[2][FA_BN][HD + 8];
     bf16 v[2][FA_BN][HD + 8];
     int kpos[2][FA_BN];
+    float ksub[2][FA_BN]; /* 1 for keys of the KVzip subset (ml_sub), else 0 */
     float red[FA_WARPS][FA_BN];
     int seg_lo[FA_MAXSEG], seg_n[FA_MAXSEG], seg_t0[FA_MAXSEG + 1];
     int maxq;
@@ -56,42 +37,7 @@ fa_kernel(const fa_params p)
     const int h = blockIdx.y;
     const int nrows = p.T * p.G;
     const int r0 = blockIdx.x * FA_BM;
-    const int len_h = p.kv.len[h];
-
-    /* block's max query position (rows r0..r0+63) */
-    {
-        int mq = INT_MIN;
-        for (int r = r0 + tid; r < min(r0 + FA_BM, nrows); r += blockDim.x) mq = max(mq, p.qpos[r / p.G]);
-        for (int o = 16; o > 0; o >>= 1) mq = max(mq, __shfl_xor_sync(0xffffffffu, mq, o));
-        if (lane == 0) sm.red[warp][0] = __int_as_float(mq);
-        __syncthreads();
-        if (tid == 0) {
-            int m = INT_MIN;
-            for (int w = 0; w < FA_WARPS; w++) m = max(m, __float_as_int(sm.red[w][0]));
-            sm.maxq = m;
-            /* segments */
-            int ns = 0, t0 = 0;
-            for (int s = 0; s < p.n_cseg; s++) {
-                int lo = p.lo[s], hi = p.hi[s] < 0 ? len_h : min(p.hi[s], len_h);
-                int n = max(hi - lo, 0);
-                if (n > 0 && p.sorted[s]) { /* first row with pos > maxq */
-                    const int32_t *P = p.kv.pos + (size_t)h * p.kv.cap;
-                    int a = lo, b = hi;
-                    while (a < b) { int c = (a + b) >> 1; if (P[c] <= m) a = c + 1; else b = c; }
-                    n = a - lo;
-                }
-                sm.seg_lo[ns] = lo; sm.seg_n[ns] = n; sm.seg_t0[ns] = t0;
-                t0 += (n + FA_BN - 1) / FA_BN; ns++;
-            }
-            if (p.ob.k) {
-                sm.seg_lo[ns] = 0; sm.seg_n[ns] = p.ob.n_slot; sm.seg_t0[ns] = t0;
-                t0 += (p.ob.n_slot + FA_BN - 1) / FA_BN; ns++;
-            }
-            for (int s = ns; s <= FA_MAXSEG; s++) sm.seg_t0[s] = t0;
-            if (ns < FA_MAXSEG + 1) sm.seg_t0[ns] = t0;
-        }
-        __syncthreads();
-    }
+    fa_block_segments(p, h, r0, FA_BM, FA_BN, sm.seg_lo, sm.seg_n, sm.seg_t0, &sm.maxq);
     const int n_tiles = sm.seg_t0[FA_MAXSEG];
     const int n_segs = p.n_cseg + (p.ob.k ? 1 : 0);
 
@@ -123,8 +69,14 @@ fa_kernel(const fa_params p)
         }
         for (int r = tid; r < FA_BN; r += blockDim.x) {
             int kp = INT_MAX;
-            if (r < nv) { kp = pb[r]; if (kp < 0) kp = INT_MAX; }
+            float fl = 0.f;
+            if (r < nv) {
+                kp = pb[r];
+                if (kp < 0) kp = INT_MAX;
+                fl = !is_ob && fa_in_subset(p, row0 + r) ? 1.f : 0.f;
+            }
             sm.kpos[buf][r] = kp;
+            sm.ksub[buf][r] = fl;
         }
         return row0;
     };
@@ -155,6 +107,8 @@ fa_kernel(const fa_params p)
 
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
     float inv_la = 0.f, inv_lb = 0.f;
+    const bool sub = MODE == FA_OUT && p.ml_sub != nullptr;
+    float ls_a = 0.f, ls_b = 0.f; /* subset sums (sub) */
     if (MODE == FA_SCORE) {
         if (ra < nrows) {
             int t = ra / p.G, g = ra % p.G;
@@ -259,7 +213,7 @@ fa_kernel(const fa_params p)
             float mna = fmaxf(m_a, mxa), mnb = fmaxf(m_b, mxb);
             float ala = mna == -INFINITY ? 1.f : exp2f(m_a - mna);
             float alb = mnb == -INFINITY ? 1.f : exp2f(m_b - mnb);
-            float sa = 0.f, sb = 0.f;
+            float sa = 0.f, sb = 0.f, ssa = 0.f, ssb = 0.f;
 #pragma unroll
             for (int nt = 0; nt < FA_BN / 8; nt++) {
                 sc[nt][0] = mna == -INFINITY ? 0.f : exp2f(sc[nt][0] - mna);
@@ -268,9 +222,16 @@ fa_kernel(const fa_params p)
                 sc[nt][3] = mnb == -INFINITY ? 0.f : exp2f(sc[nt][3] - mnb);
                 sa += sc[nt][0] + sc[nt][1];
                 sb += sc[nt][2] + sc[nt][3];
+                if (sub) {
+                    float2 f = *(const float2 *)&sm.ksub[buf][nt * 8 + 2 * tq];
+                    ssa += sc[nt][0] * f.x + sc[nt][1] * f.y;
+                    ssb += sc[nt][2] * f.x + sc[nt][3] * f.y;
+                }
             }
             l_a = l_a * ala + sa;
             l_b = l_b * alb + sb;
+            ls_a = ls_a * ala + ssa;
+            ls_b = ls_b * alb + ssb;
             m_a = mna; m_b = mnb;
             if (MODE == FA_OUT) {
 #pragma unroll
@@ -315,6 +276,22 @@ fa_kernel(const fa_params p)
         }
         return;
     }
+    if (sub) {
+        ls_a += __shfl_xor_sync(0xffffffffu, ls_a, 1);
+        ls_a += __shfl_xor_sync(0xffffffffu, ls_a, 2);
+        ls_b += __shfl_xor_sync(0xffffffffu, ls_b, 1);
+        ls_b += __shfl_xor_sync(0xffffffffu, ls_b, 2);
+        if (tq == 0) {
+            if (ra < nrows) {
+                size_t i = ((size_t)(ra / p.G) * p.n_head + h * p.G + ra % p.G) * 2;
+                p.ml_sub[i] = m_a; p.ml_sub[i + 1] = ls_a;
+            }
+            if (rb < nrows) {
+                size_t i = ((size_t)(rb / p.G) * p.n_head + h * p.G + rb % p.G) * 2;
+                p.ml_sub[i] = m_b; p.ml_sub[i + 1] = ls_b;
+            }
+        }
+    }
     float ia = l_a > 0.f ? 1.f / l_a : 0.f, ib = l_b > 0.f ? 1.f / l_b : 0.f;
     bf16 *oa = ra < nrows ? p.o + (size_t)(ra / p.G) * p.ldo + (size_t)(h * p.G + ra % p.G) * HD : nullptr;
     bf16 *ob = rb < nrows ? p.o + (size_t)(rb / p.G) * p.ldo + (size_t)(h * p.G + rb % p.G) * HD : nullptr;
@@ -341,6 +318,8 @@ static int fa_launch(const fa_params &p, cudaStream_t s)
 
 static int fa_dispatch(const fa_params &p, int mode, cudaStream_t s)
 {
+    int rc = fa_sm90_dispatch(p, mode, s);
+    if (rc <= 0) return rc;
     if (p.kv.hd == 64) {
         if (mode == FA_OUT) return fa_launch<64, FA_OUT>(p, s);
         if (mode == FA_STATS) return fa_launch<64, FA_STATS>(p, s);
@@ -416,6 +395,53 @@ extern "C" int kvz_cuda_kvzip_score(cudaStream_t s, int R, int n_head, const voi
     rc = fa_dispatch(p, FA_STATS, s);
     if (rc) return rc;
     /* pass 2: normalised probabilities of the chunk keys, max-reduced */
+    p.n_cseg = 1;
+    p.lo[0] = c0; p.hi[0] = c1; p.sorted[0] = 1;
+    p.score = score; p.ld_score = ld_score; p.c0 = c0;
+    return fa_dispatch(p, FA_SCORE, s);
+}
+
+extern "C" int kvz_cuda_attn_prefill_kvzip(cudaStream_t s, int R, int n_head, const void *q, int ldq,
+                                           const int32_t *qpos, const kvz_cuda_kv *kv, void *o, int ldo,
+                                           int n_prefix, int c0, int c1, int rep0, void *ws, size_t ws_bytes)
+{
+    int rc = fa_check_common(R, n_head, q, ldq, qpos, kv);
+    if (rc) return rc;
+    KVZ_ARG(o && ldo >= n_head * kv->hd && ldo % 2 == 0);
+    KVZ_ARG(0 <= n_prefix && n_prefix <= c0 && c0 <= c1 && c1 <= rep0 && rep0 <= kv->cap);
+    KVZ_ARG(ws && ws_bytes >= kvz_cuda_kvzip_score_ws_size(R, n_head));
+    if (R == 0) return 0;
+    fa_params p = {};
+    p.q = (const bf16 *)q; p.ldq = ldq; p.qpos = qpos;
+    p.T = R; p.G = n_head / kv->n_kv; p.n_head = n_head;
+    p.kv = *kv;
+    p.n_cseg = 1; p.lo[0] = 0; p.hi[0] = -1; p.sorted[0] = 1;
+    p.o = (bf16 *)o; p.ldo = ldo;
+    p.scale_log2 = 1.4426950408889634f / sqrtf((float)kv->hd);
+    p.ml_sub = (float *)ws;
+    p.sub_np = n_prefix; p.sub_c0 = c0; p.sub_c1 = c1; p.sub_rep0 = rep0;
+    return fa_dispatch(p, FA_OUT, s);
+}
+
+extern "C" int kvz_cuda_kvzip_score_fused(cudaStream_t s, int R, int n_head, const void *q, int ldq,
+                                          const int32_t *qpos, const kvz_cuda_kv *kv, int c0, int c1,
+                                          float *score, int ld_score, const void *ws, size_t ws_bytes)
+{
+    int rc = fa_check_common(R, n_head, q, ldq, qpos, kv);
+    if (rc) return rc;
+    KVZ_ARG(0 <= c0 && c0 <= c1 && c1 <= kv->cap);
+    KVZ_ARG(score && ld_score >= c1 - c0);
+    KVZ_ARG(ws && ws_bytes >= kvz_cuda_kvzip_score_ws_size(R, n_head));
+    if (c1 == c0) return 0;
+    KVZ_CUDA_TRY(cudaMemset2DAsync(score, (size_t)ld_score * sizeof(float), 0,
+                                   (size_t)(c1 - c0) * sizeof(float), kv->n_kv, s));
+    if (R == 0) return 0;
+    fa_params p = {};
+    p.q = (const bf16 *)q; p.ldq = ldq; p.qpos = qpos;
+    p.T = R; p.G = n_head / kv->n_kv; p.n_head = n_head;
+    p.kv = *kv;
+    p.ml = (float *)ws;
+    p.scale_log2 = 1.4426950408889634f / sqrtf((float)kv->hd);
     p.n_cseg = 1;
     p.lo[0] = c0; p.hi[0] = c1; p.sorted[0] = 1;
     p.score = score; p.ld_score = ld_score; p.c0 = c0;

@@ -215,7 +215,8 @@ int kvz_cuda_kv_export(cudaStream_t s, const kvz_cuda_kv *kv, const int32_t *row
 /* Attention                                                                  */
 
 /**
- * Prefill attention: tiled causal GQA flash attention (bf16 mma.sync tensor cores,
+ * Prefill attention: tiled causal GQA flash attention (bf16 tensor cores: wgmma on
+ * sm_90a Hopper builds, mma.sync elsewhere or with KVZ_CUDA_FA=mma;
  * fp32 online softmax, nothing N×N in memory). Queries t in [0,T), heads n_head
  * (n_head % n_kv == 0), over head kv(h)'s cache rows [0, len[h]) — which already
  * hold the new keys — plus the output-buffer slots when @p ob is not NULL.
@@ -276,6 +277,31 @@ int kvz_cuda_kvzip_score(cudaStream_t s, int R, int n_head, const void *q, int l
                          const int32_t *qpos, const kvz_cuda_kv *kv, int n_prefix,
                          int c0, int c1, int rep0, float *score, int ld_score,
                          void *ws, size_t ws_bytes);
+
+/**
+ * The repeat pass's attention with the KVzip statistics fused in: computes the same
+ * output as kvz_cuda_attn_prefill (no output buffer) for the R repeat queries over
+ * the whole cache, and writes to @p ws, per query row, (m, l̄) with m the row max over
+ * all visible keys and l̄ = Σ exp(s - m) over the visible keys of
+ * K̄ = rows [0,n_prefix) ∪ [c0,c1) ∪ [rep0, len[h]) — the softmax denominator of
+ * kvz_cuda_kvzip_score's subset at the full row max (the same ratios), so each
+ * key's logit is computed once for both. Follow with kvz_cuda_kvzip_score_fused.
+ * @param ws kvz_cuda_kvzip_score_ws_size(R, n_head) bytes, device
+ * Requires 0 <= n_prefix <= c0 <= c1 <= rep0 <= cap.
+ */
+int kvz_cuda_attn_prefill_kvzip(cudaStream_t s, int R, int n_head, const void *q, int ldq,
+                                const int32_t *qpos, const kvz_cuda_kv *kv, void *o, int ldo,
+                                int n_prefix, int c0, int c1, int rep0, void *ws, size_t ws_bytes);
+
+/**
+ * Second half of the fused KVzip scoring: with @p ws filled by
+ * kvz_cuda_attn_prefill_kvzip for the same queries and cache, writes
+ * score[h·ld_score + (j-c0)] for chunk rows j in [c0, c1) exactly as
+ * kvz_cuda_kvzip_score does (the region is zeroed first). One pass over the chunk keys.
+ */
+int kvz_cuda_kvzip_score_fused(cudaStream_t s, int R, int n_head, const void *q, int ldq,
+                               const int32_t *qpos, const kvz_cuda_kv *kv, int c0, int c1,
+                               float *score, int ld_score, const void *ws, size_t ws_bytes);
 
 /* ========================================================================== */
 /* Eviction: top-k selection and compaction                                   */

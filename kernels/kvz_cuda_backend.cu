@@ -868,12 +868,26 @@ static int layers_enqueue(kvz_model *m, kvz_kv *kv, int32_t n, int32_t pos0, act
         } else {
             TRY(kvz_cuda_outbuf_write(s, &cc->O[l], nkv, hd, 1, kn, nqkv, vn, nqkv, a->pos, -1, cc->evict + l));
         }
-        if (sa)
-            TRY(kvz_cuda_kvzip_score(s, n, c->n_head, a->qkv, nqkv, a->pos, &cc->L[l], sa->n_prefix,
-                                     sa->n_prefix + sa->c0, sa->n_prefix + sa->c1, sa->rep0,
-                                     cc->scores + (size_t)l * nkv * sa->n_ctx + sa->c0, sa->n_ctx,
-                                     cc->score_ws, cc->score_ws_bytes));
-        TRY(attention(m, kv, l, n, a, !doc, want_evict, graph));
+        if (sa) {
+            float *sc = cc->scores + (size_t)l * nkv * sa->n_ctx + sa->c0;
+            const int c0 = sa->n_prefix + sa->c0, c1 = sa->n_prefix + sa->c1;
+            if (l == c->n_layer - 1) {
+                /* last layer: its scores are all the repeat pass still needs, so score over
+                 * the key subset alone (two passes over K̄) and skip the attention over the
+                 * whole context, the output projection and the MLP */
+                TRY(kvz_cuda_kvzip_score(s, n, c->n_head, a->qkv, nqkv, a->pos, &cc->L[l], sa->n_prefix, c0, c1,
+                                         sa->rep0, sc, sa->n_ctx, cc->score_ws, cc->score_ws_bytes));
+                break;
+            }
+            /* the attention the hidden states need, with the subset statistics fused in;
+             * then one pass over the chunk keys */
+            TRY(kvz_cuda_attn_prefill_kvzip(s, n, c->n_head, a->qkv, nqkv, a->pos, &cc->L[l], a->att, qd,
+                                            sa->n_prefix, c0, c1, sa->rep0, cc->score_ws, cc->score_ws_bytes));
+            TRY(kvz_cuda_kvzip_score_fused(s, n, c->n_head, a->qkv, nqkv, a->pos, &cc->L[l], c0, c1, sc, sa->n_ctx,
+                                           cc->score_ws, cc->score_ws_bytes));
+        } else {
+            TRY(attention(m, kv, l, n, a, !doc, want_evict, graph));
+        }
         TRY(kvz_cuda_linear(g->blas, s, n, qd, d, a->att, qd, L->wo, NULL, a->x, KVZ_CUDA_F32, d, 1.f));
         TRY(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a->x, NULL, KVZ_CUDA_F32, L->ffn_norm, a->xn, KVZ_CUDA_BF16));
         TRY(kvz_cuda_linear(g->blas, s, n, d, 2 * ff, a->xn, d, L->wgu, NULL, a->gu, KVZ_CUDA_BF16, 2 * ff, 0.f));

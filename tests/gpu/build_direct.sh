@@ -9,6 +9,7 @@ NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 mkdir -p "$out/obj"
 objs=()
 for f in "$root"/kernels/*.cu; do
+  case $f in */kvz_cuda_backend.cu) continue;; esac  # the model backend needs runtime/: CMake builds it
   o="$out/obj/$(basename "$f").o"
   "$NVCC" -std=c++17 -O3 -gencode=arch=compute_${arch},code=sm_${arch} -lineinfo \
     --expt-relaxed-constexpr -Xcompiler=-Wall,-Wextra -I"$root/kernels" -I"$root/common" -c "$f" -o "$o" &

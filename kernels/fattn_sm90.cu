@@ -1,0 +1,357 @@
+/* Flash attention on Hopper warpgroup MMA (sm_90a): the prefill output (with the
+ * KVzip subset statistics fused in) and the KVzip chunk score. See fattn.cu for the
+ * mma.sync kernels these replace on Hopper and the modes' definitions. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "fattn_common.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+/* ========================================================================== */
+/* Hopper (sm_90a) prefill kernel: FA_OUT (+ subset statistics) on wgmma.
+ * Block = 2 warpgroups = 128 query rows (64 each, one m64 wgmma tile per warpgroup),
+ * keys in tiles of 128 through a 2-stage cp.async ring. Q, K and V sit in shared
+ * memory in the 128-byte-swizzled layout wgmma reads directly: per 64-column atom,
+ * row r's 16-byte chunk c at atom + r·128 + ((c ^ (r & 7)) << 4). S = Q·Kᵀ reads both
+ * operands from shared memory (K-major); P stays in registers (the S accumulator
+ * layout is the A-fragment layout) and O += P·V reads V as an MN-major operand. */
+#define F9_BM 128
+#define F9_BN 128
+#define F9_THREADS 256
+
+template <int HD> struct f9_layout {
+    static constexpr int QB = F9_BM * HD * 2; /* Q bytes */
+    static constexpr int TB = F9_BN * HD * 2; /* one K or V tile */
+    static constexpr int Q = 0;
+    static constexpr int KV0 = QB;              /* stage s: K at KV0 + 2·s·TB, V at + TB */
+    static constexpr int KPOS = KV0 + 4 * TB;   /* int[2][BN] */
+    static constexpr int KSUB = KPOS + 2 * F9_BN * 4; /* float[2][BN] */
+    static constexpr int SEG = KSUB + 2 * F9_BN * 4;  /* seg_lo[4] seg_n[4] seg_t0[5] scratch */
+    static constexpr int RED = SEG + 16 * 4;          /* float[8 warps][BN] (FA_SCORE) */
+    static constexpr int TOTAL = RED + 8 * F9_BN * 4;
+    static constexpr int ALLOC = TOTAL + 1024; /* room to align the base to 1024 */
+};
+
+__device__ __forceinline__ int f9_swz(int r, int c16, int rows)
+{
+    return (c16 >> 3) * (rows * 128) + r * 128 + (((c16 & 7) ^ (r & 7)) << 4);
+}
+
+__global__ void fa9_probe_kernel(int *out)
+{
+#ifdef KVZ_HAVE_WGMMA
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+
+template <int HD, int MODE, bool SUB>
+__global__ void __launch_bounds__(F9_THREADS, 1) fa9_kernel(const fa_params p)
+{
+    static_assert(MODE == FA_OUT || (MODE == FA_SCORE && !SUB), "fa9: FA_OUT (+SUB) or FA_SCORE");
+#ifdef KVZ_HAVE_WGMMA
+    using LY = f9_layout<HD>;
+    constexpr int CPR = HD / 8; /* 16-byte chunks per row */
+    constexpr int NO = HD / 2;  /* O accumulator registers */
+    extern __shared__ __align__(16) unsigned char f9_raw[];
+    unsigned char *sm = f9_raw + ((1024u - (kvz_smem_addr(f9_raw) & 1023u)) & 1023u);
+    const uint32_t sbase = kvz_smem_addr(sm);
+    int *kpos_s = (int *)(sm + LY::KPOS);
+    float *ksub_s = (float *)(sm + LY::KSUB);
+    int *seg = (int *)(sm + LY::SEG); /* lo 0..3, n 4..7, t0 8..12, scratch 13 */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int h = blockIdx.y;
+    const int nrows = p.T * p.G;
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * F9_BM; /* the longest (causal) blocks start first */
+
+    fa_block_segments(p, h, r0, F9_BM, F9_BN, seg, seg + 4, seg + 8, seg + 13);
+    const int n_tiles = seg[8 + FA_MAXSEG];
+    const int n_segs = p.n_cseg + (p.ob.k ? 1 : 0);
+
+    /* Q → shared memory (swizzled); rows past the end are zero */
+    for (int i = tid; i < F9_BM * CPR; i += F9_THREADS) {
+        int r = i / CPR, c = i % CPR, row = r0 + r;
+        bool ok = row < nrows;
+        const bf16 *src = ok ? p.q + (size_t)(row / p.G) * p.ldq + (size_t)(h * p.G + row % p.G) * HD + c * 8 : p.q;
+        kvz_cp_async16(sm + LY::Q + f9_swz(r, c, F9_BM), src, ok);
+    }
+    auto load_tile = [&](int it, int buf) {
+        int s = 0;
+        while (s + 1 < n_segs && it >= seg[8 + s + 1]) s++;
+        int lt = it - seg[8 + s];
+        int row0 = seg[s] + lt * F9_BN;
+        int nv = min(F9_BN, seg[4 + s] - lt * F9_BN);
+        bool is_ob = p.ob.k && s == p.n_cseg;
+        const bf16 *kb, *vb;
+        const int32_t *pb;
+        if (is_ob) {
+            kb = (const bf16 *)p.ob.k + ((size_t)h * p.ob.n_slot + row0) * HD;
+            vb = (const bf16 *)p.ob.v + ((size_t)h * p.ob.n_slot + row0) * HD;
+            pb = p.ob.slot_pos + row0;
+        } else {
+            kb = (const bf16 *)p.kv.k + ((size_t)h * p.kv.cap + row0) * HD;
+            vb = (const bf16 *)p.kv.v + ((size_t)h * p.kv.cap + row0) * HD;
+            pb = p.kv.pos + (size_t)h * p.kv.cap + row0;
+        }
+        unsigned char *kd = sm + LY::KV0 + buf * 2 * LY::TB, *vd = kd + LY::TB;
+#pragma unroll 4
+        for (int i = tid; i < F9_BN * CPR; i += F9_THREADS) {
+            int r = i / CPR, c = i % CPR;
+            bool ok = r < nv;
+            size_t go = ok ? (size_t)r * HD + c * 8 : 0;
+            int so = f9_swz(r, c, F9_BN);
+            kvz_cp_async16(kd + so, kb + go, ok);
+            if (MODE == FA_OUT) kvz_cp_async16(vd + so, vb + go, ok);
+        }
+        for (int r = tid; r < F9_BN; r += F9_THREADS) {
+            int kp = INT_MAX;
+            float fl = 0.f;
+            if (r < nv) {
+                kp = pb[r];
+                if (kp < 0) kp = INT_MAX;
+                if (SUB) fl = !is_ob && fa_in_subset(p, row0 + r) ? 1.f : 0.f;
+            }
+            kpos_s[buf * F9_BN + r] = kp;
+            if (SUB) ksub_s[buf * F9_BN + r] = fl;
+        }
+    };
+
+    const int ra = r0 + wg * 64 + wq * 16 + gq, rb = ra + 8;
+    const int qpa = ra < nrows ? p.qpos[ra / p.G] : -1;
+    const int qpb = rb < nrows ? p.qpos[rb / p.G] : -1;
+
+    float o[NO], sc[F9_BN / 2];
+#pragma unroll
+    for (int i = 0; i < NO; i++) o[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < F9_BN / 2; i++) sc[i] = 0.f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f, ls_a = 0.f, ls_b = 0.f;
+    float inv_la = 0.f, inv_lb = 0.f;
+    if (MODE == FA_SCORE) { /* (m, l) of the row from the statistics pass */
+        if (ra < nrows) {
+            size_t i = ((size_t)(ra / p.G) * p.n_head + h * p.G + ra % p.G) * 2;
+            m_a = p.ml[i]; l_a = p.ml[i + 1];
+        }
+        if (rb < nrows) {
+            size_t i = ((size_t)(rb / p.G) * p.n_head + h * p.G + rb % p.G) * 2;
+            m_b = p.ml[i]; l_b = p.ml[i + 1];
+        }
+        inv_la = l_a > 0.f ? 1.f / l_a : 0.f;
+        inv_lb = l_b > 0.f ? 1.f / l_b : 0.f;
+    }
+    float *red = (float *)(sm + LY::RED);
+    int row0_cur = 0;
+
+    if (n_tiles > 0) load_tile(0, 0);
+    kvz_cp_commit(); /* Q (+ tile 0) */
+    for (int it = 0; it < n_tiles; it++) {
+        const int buf = it & 1;
+        kvz_cp_wait<0>();
+        kvz_fence_proxy_async();
+        __syncthreads(); /* tile `it` visible; everyone is done with the other stage */
+        if (MODE == FA_SCORE) { /* this tile's first cache row (for the score column) */
+            int s = 0;
+            while (s + 1 < n_segs && it >= seg[8 + s + 1]) s++;
+            row0_cur = seg[s] + (it - seg[8 + s]) * F9_BN;
+        }
+        if (it + 1 < n_tiles) { load_tile(it + 1, buf ^ 1); kvz_cp_commit(); }
+
+        /* S = Q Kᵀ (64 rows of this warpgroup × 128 keys) */
+        const uint32_t kaddr = sbase + LY::KV0 + buf * 2 * LY::TB;
+        kvz_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint64_t da = kvz_wg_desc(sbase + LY::Q + (kk >> 2) * (F9_BM * 128) + wg * 64 * 128 + (kk & 3) * 32, 16, 1024);
+            uint64_t db = kvz_wg_desc(kaddr + (kk >> 2) * (F9_BN * 128) + (kk & 3) * 32, 16, 1024);
+            kvz_wg_m64n128k16_ss(sc, da, db, kk > 0);
+        }
+        kvz_wg_commit();
+        kvz_wg_wait<0>();
+        kvz_wg_reg_fence(sc);
+
+        /* scale + causal mask (skipped when every key is visible to all of this warp's rows) */
+        const int *kp_t = kpos_s + buf * F9_BN;
+        {
+            int kmax = max(max(kp_t[lane], kp_t[lane + 32]), max(kp_t[lane + 64], kp_t[lane + 96]));
+            kmax = __reduce_max_sync(0xffffffffu, kmax);
+            int qmin = __reduce_min_sync(0xffffffffu, min(qpa, qpb));
+            if (kmax <= qmin) {
+#pragma unroll
+                for (int i = 0; i < F9_BN / 2; i++) sc[i] *= p.scale_log2;
+            } else {
+#pragma unroll
+                for (int j = 0; j < F9_BN / 8; j++) {
+                    int2 kp = *(const int2 *)&kp_t[j * 8 + 2 * tq];
+                    sc[4 * j + 0] = kp.x <= qpa ? sc[4 * j + 0] * p.scale_log2 : -INFINITY;
+                    sc[4 * j + 1] = kp.y <= qpa ? sc[4 * j + 1] * p.scale_log2 : -INFINITY;
+                    sc[4 * j + 2] = kp.x <= qpb ? sc[4 * j + 2] * p.scale_log2 : -INFINITY;
+                    sc[4 * j + 3] = kp.y <= qpb ? sc[4 * j + 3] * p.scale_log2 : -INFINITY;
+                }
+            }
+        }
+        if (MODE == FA_SCORE) {
+            /* p = exp2(s - m)/l; max over the block's 128 rows per key column */
+#pragma unroll
+            for (int j = 0; j < F9_BN / 8; j++) {
+#pragma unroll
+                for (int e2 = 0; e2 < 2; e2++) {
+                    float pa = exp2f(sc[4 * j + e2] - (m_a == -INFINITY ? 0.f : m_a)) * inv_la;
+                    float pb = exp2f(sc[4 * j + 2 + e2] - (m_b == -INFINITY ? 0.f : m_b)) * inv_lb;
+                    float v = fmaxf(pa, pb);
+                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+                    if (gq == 0) red[warp * F9_BN + j * 8 + 2 * tq + e2] = v;
+                }
+            }
+            __syncthreads();
+            if (tid < F9_BN) {
+                float v = red[tid];
+#pragma unroll
+                for (int w = 1; w < F9_THREADS / 32; w++) v = fmaxf(v, red[w * F9_BN + tid]);
+                if (kp_t[tid] != INT_MAX && v > 0.f)
+                    atomicMax((int *)&p.score[(size_t)h * p.ld_score + (row0_cur + tid - p.c0)], __float_as_int(v));
+            }
+            continue;
+        }
+        /* online softmax (base 2) */
+        float mxa = -INFINITY, mxb = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < F9_BN / 8; j++) {
+            mxa = fmaxf(mxa, fmaxf(sc[4 * j + 0], sc[4 * j + 1]));
+            mxb = fmaxf(mxb, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
+        }
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
+        const float mna = fmaxf(m_a, mxa), mnb = fmaxf(m_b, mxb);
+        const float ala = mna == -INFINITY ? 1.f : exp2f(m_a - mna);
+        const float alb = mnb == -INFINITY ? 1.f : exp2f(m_b - mnb);
+        const float ba = mna == -INFINITY ? 0.f : mna, bb = mnb == -INFINITY ? 0.f : mnb;
+        float sa = 0.f, sb = 0.f, ssa = 0.f, ssb = 0.f;
+#pragma unroll
+        for (int j = 0; j < F9_BN / 8; j++) {
+            sc[4 * j + 0] = exp2f(sc[4 * j + 0] - ba);
+            sc[4 * j + 1] = exp2f(sc[4 * j + 1] - ba);
+            sc[4 * j + 2] = exp2f(sc[4 * j + 2] - bb);
+            sc[4 * j + 3] = exp2f(sc[4 * j + 3] - bb);
+            sa += sc[4 * j + 0] + sc[4 * j + 1];
+            sb += sc[4 * j + 2] + sc[4 * j + 3];
+            if (SUB) {
+                float2 f = *(const float2 *)&ksub_s[buf * F9_BN + j * 8 + 2 * tq];
+                ssa += sc[4 * j + 0] * f.x + sc[4 * j + 1] * f.y;
+                ssb += sc[4 * j + 2] * f.x + sc[4 * j + 3] * f.y;
+            }
+        }
+        l_a = l_a * ala + sa;
+        l_b = l_b * alb + sb;
+        if (SUB) { ls_a = ls_a * ala + ssa; ls_b = ls_b * alb + ssb; }
+        m_a = mna; m_b = mnb;
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++) {
+            o[4 * j + 0] *= ala; o[4 * j + 1] *= ala; o[4 * j + 2] *= alb; o[4 * j + 3] *= alb;
+        }
+        /* O += P V: P (bf16) straight from the S registers as the A fragments */
+        const uint32_t vaddr = kaddr + LY::TB;
+        uint32_t pa[F9_BN / 4];
+#pragma unroll
+        for (int i = 0; i < F9_BN / 4; i++) pa[i] = kvz_pack_bf16(sc[2 * i], sc[2 * i + 1]);
+        kvz_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < F9_BN / 16; kk++) {
+            uint64_t dv = kvz_wg_desc(vaddr + kk * 2048, F9_BN * 128, 1024);
+            if constexpr (HD == 128)
+                kvz_wg_m64n128k16_rs_t(o, pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3], dv, 1);
+            else
+                kvz_wg_m64n64k16_rs_t(o, pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3], dv, 1);
+        }
+        kvz_wg_commit();
+        kvz_wg_wait<0>();
+        kvz_wg_reg_fence(o);
+    }
+    kvz_cp_wait<0>();
+    if (MODE == FA_SCORE) return;
+
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+    if (SUB) {
+        ls_a += __shfl_xor_sync(0xffffffffu, ls_a, 1);
+        ls_a += __shfl_xor_sync(0xffffffffu, ls_a, 2);
+        ls_b += __shfl_xor_sync(0xffffffffu, ls_b, 1);
+        ls_b += __shfl_xor_sync(0xffffffffu, ls_b, 2);
+        if (tq == 0) {
+            if (ra < nrows) {
+                size_t i = ((size_t)(ra / p.G) * p.n_head + h * p.G + ra % p.G) * 2;
+                p.ml_sub[i] = m_a; p.ml_sub[i + 1] = ls_a;
+            }
+            if (rb < nrows) {
+                size_t i = ((size_t)(rb / p.G) * p.n_head + h * p.G + rb % p.G) * 2;
+                p.ml_sub[i] = m_b; p.ml_sub[i + 1] = ls_b;
+            }
+        }
+    }
+    const float ia = l_a > 0.f ? 1.f / l_a : 0.f, ib = l_b > 0.f ? 1.f / l_b : 0.f;
+    bf16 *oa = ra < nrows ? p.o + (size_t)(ra / p.G) * p.ldo + (size_t)(h * p.G + ra % p.G) * HD : nullptr;
+    bf16 *ob = rb < nrows ? p.o + (size_t)(rb / p.G) * p.ldo + (size_t)(h * p.G + rb % p.G) * HD : nullptr;
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) {
+        int d = j * 8 + 2 * tq;
+        if (oa) *(uint32_t *)(oa + d) = kvz_pack_bf16(o[4 * j + 0] * ia, o[4 * j + 1] * ia);
+        if (ob) *(uint32_t *)(ob + d) = kvz_pack_bf16(o[4 * j + 2] * ib, o[4 * j + 3] * ib);
+    }
+#endif
+}
+
+/* 1 when the sm_90a kernel is in this binary and the device is a Hopper; KVZ_CUDA_FA=mma
+ * forces the mma.sync kernel (A/B runs). Probed once, before any graph capture
+ * (prefill is never captured). */
+static int fa9_usable(void)
+{
+    static int ok = -1;
+    if (ok >= 0) return ok;
+    ok = 0;
+    const char *e = getenv("KVZ_CUDA_FA");
+    if (e && !strcmp(e, "mma")) return ok;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        major != 9) {
+        cudaGetLastError();
+        return ok;
+    }
+    int *d = NULL, h = 0;
+    if (cudaMalloc(&d, sizeof(int)) == cudaSuccess) {
+        fa9_probe_kernel<<<1, 1>>>(d);
+        if (cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess) ok = h == 1;
+        cudaFree(d);
+    }
+    cudaGetLastError();
+    return ok;
+}
+
+template <int HD, int MODE, bool SUB>
+static int fa9_launch(const fa_params &p, cudaStream_t s)
+{
+    auto kern = fa9_kernel<HD, MODE, SUB>;
+    KVZ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f9_layout<HD>::ALLOC));
+    int nrows = p.T * p.G;
+    dim3 grid((nrows + F9_BM - 1) / F9_BM, p.kv.n_kv);
+    kern<<<grid, F9_THREADS, f9_layout<HD>::ALLOC, s>>>(p);
+    KVZ_LAUNCH_CHECK("flash_attn_sm90");
+    return 0;
+}
+
+int fa_sm90_dispatch(const fa_params &p, int mode, cudaStream_t s)
+{
+    if (mode == FA_STATS || !fa9_usable() || p.ldq % 8 != 0 || ((uintptr_t)p.q & 15) != 0) return 1;
+    if (mode == FA_SCORE)
+        return p.kv.hd == 64 ? fa9_launch<64, FA_SCORE, false>(p, s) : fa9_launch<128, FA_SCORE, false>(p, s);
+    if (p.kv.hd == 64)
+        return p.ml_sub ? fa9_launch<64, FA_OUT, true>(p, s) : fa9_launch<64, FA_OUT, false>(p, s);
+    return p.ml_sub ? fa9_launch<128, FA_OUT, true>(p, s) : fa9_launch<128, FA_OUT, false>(p, s);
+}
