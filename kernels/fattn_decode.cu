@@ -1,9 +1,20 @@
-/* Decode attention. Phase 1: grid (split, kv head); each block takes one tile of
- * DEC_BN keys (cache rows or output-buffer slots) into shared memory, computes the
- * logits of all T·G query rows of its KV head (fp32 FMA: decode is memory-bound),
- * a tile-local softmax, and an unnormalised partial P·V. Buffer tiles also keep the
- * last query's raw logits and ‖v‖₁ per slot. Phase 2: combine the splits per row
- * (global max M and sum L). Phase 3 (LongFlow only, one block): S_j and argmin.
+/* Decode attention (flash-decoding), two launches (four with LongFlow).
+ * Phase 1, grid (split, kv head), 4 warps per block. The key sequence of KV head h is
+ * its cache rows [0, len[h]) followed by the output-buffer slots, cut into tiles of
+ * DEC_BN = 64 keys; split s takes a contiguous, balanced range of those tiles. The
+ * ranges follow the current len[h] on the device; the split count depends only on
+ * (max_len, n_slot, n_kv, SM count), so the grid is fixed under a CUDA graph, and is
+ * about one wave of resident blocks (2 per SM for hd 128, 3 for hd 64). Tiles stream
+ * through a 3-stage cp.async ring (tile i+2 loads while tile i is used: 2 tiles, 64 KB
+ * at hd 128, in flight per block). Warp w owns keys [16w, 16w+16) of every tile and
+ * keeps its own online softmax over them: Sᵀ = K·Qᵀ on tensor cores (keys = M, the
+ * T·G query rows of the GQA group = N, padded to 8/16/32), P moved into the B-operand
+ * layout in registers by movmatrix, Oᵀ += Vᵀ·Pᵀ (head dims = M). The 4 warps merge
+ * at the end of the block into one partial (m, l, unnormalised o) per split. Buffer
+ * tiles also keep the last query's raw logits and ‖v‖₁ per slot.
+ * Phase 2: combine the splits per row (global max M and sum L).
+ * Phase 3 (LongFlow only): S_j over many small blocks (the per-slot loop over heads is
+ * latency-bound: one block took ~45 µs at 32 heads, B = 2048), then a one-block argmin.
  * Every K/V byte is read once, in phase 1. */
 #include <float.h>
 #include <limits.h>
@@ -11,8 +22,11 @@
 #include "fattn_decode.cuh"
 #include "mma.cuh"
 
-#define DEC_BN 128
-#define DEC_THREADS 128
+#define DEC_BN 64
+#define DEC_WARPS 4
+#define DEC_THREADS (32 * DEC_WARPS)
+#define DEC_STAGES 3
+#define DEC_MAX_OCC 4 /* upper bound of resident split blocks per SM (sizes the workspace) */
 
 struct dec_params {
     const bf16 *q;
@@ -21,7 +35,8 @@ struct dec_params {
     int T, G, n_head, RT; /* RT = T·G rows per KV head */
     kvz_cuda_kv kv;
     kvz_cuda_outbuf ob; /* ob.k == NULL → none */
-    int n_cs, n_split;  /* cache splits, total splits */
+    int n_ot;           /* buffer tiles per head (0 without a buffer) */
+    int n_split;        /* splits per KV head */
     float scale_log2;
     float *po, *pm, *pl; /* (n_kv, n_split, RT[, HD]) */
     float *blog;         /* (n_head, n_slot) last query's buffer logits (base-2 scaled) */
@@ -31,181 +46,318 @@ struct dec_params {
     int ldo;
 };
 
-template <int HD, int RMAX> struct dec_smem {
-    float q[RMAX][HD];
-    bf16 k[DEC_BN][HD + 8]; /* +16 B: conflict-free 16-byte row reads, cp.async aligned */
-    bf16 v[DEC_BN][HD + 8];
-    float p[RMAX][DEC_BN];
-    int kpos[DEC_BN];
-    int qp[RMAX];
+/* 8x8 b16 transpose within the warp (sm_75+): C-fragment → B-fragment layout. */
+__device__ __forceinline__ uint32_t dec_movmatrix_t(uint32_t a)
+{
+    uint32_t d;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+    return d;
+}
+/* 4-byte async copy global → shared; pred false zero-fills. */
+__device__ __forceinline__ void dec_cp_async4(void *smem, const void *g, bool pred)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(kvz_smem_addr(smem)), "l"(g),
+                 "r"(pred ? 4 : 0));
+}
+
+template <int HD, int NT> struct dec_smem {
+    bf16 kv[DEC_STAGES][2][DEC_BN][HD + 8]; /* K, V; +16 B per row: conflict-free ldmatrix */
+    int kpos[DEC_STAGES][DEC_BN];
+    bf16 q[8 * NT][HD + 8];
+    float m[DEC_WARPS][8 * NT], l[DEC_WARPS][8 * NT];
 };
 
-template <int HD, int RMAX>
+/* Grid (n_split, n_kv). NT = n-tiles of 8 query rows (RT <= 8·NT). */
+template <int HD, int NT>
 __global__ void __launch_bounds__(DEC_THREADS) dec_split_kernel(const dec_params p)
 {
+    constexpr int RMAX = 8 * NT, CPR = HD / 8; /* CPR: 16-byte chunks per K/V row */
+    static_assert(sizeof(bf16) * DEC_STAGES * 2 * DEC_BN * (HD + 8) >= sizeof(float) * DEC_WARPS * RMAX * (HD + 4),
+                  "merge buffer must fit in the stage buffers");
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    dec_smem<HD, RMAX> &sm = *(dec_smem<HD, RMAX> *)smem_raw;
+    dec_smem<HD, NT> &sm = *(dec_smem<HD, NT> *)smem_raw;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gq = lane >> 2, tq = lane & 3;
     const int split = blockIdx.x, h = blockIdx.y;
-    const bool is_ob = split >= p.n_cs;
-    int row0, nv;
-    const bf16 *kb, *vb;
-    const int32_t *pb;
-    if (!is_ob) {
-        row0 = split * DEC_BN;
-        nv = min(DEC_BN, p.kv.len[h] - row0);
-        kb = (const bf16 *)p.kv.k + ((size_t)h * p.kv.cap + row0) * HD;
-        vb = (const bf16 *)p.kv.v + ((size_t)h * p.kv.cap + row0) * HD;
-        pb = p.kv.pos + (size_t)h * p.kv.cap + row0;
-    } else {
-        row0 = (split - p.n_cs) * DEC_BN;
-        nv = min(DEC_BN, p.ob.n_slot - row0);
-        kb = (const bf16 *)p.ob.k + ((size_t)h * p.ob.n_slot + row0) * HD;
-        vb = (const bf16 *)p.ob.v + ((size_t)h * p.ob.n_slot + row0) * HD;
-        pb = p.ob.slot_pos + row0;
+
+    /* Q rows r = t·G + g (zero rows up to RMAX): first cp.async group */
+    for (int i = tid; i < RMAX * CPR; i += DEC_THREADS) {
+        int r = i / CPR, c = (i % CPR) * 8;
+        bool ok = r < p.RT;
+        const bf16 *src = p.q;
+        if (ok) {
+            int t = r / p.G, g = r - t * p.G;
+            src = p.q + (size_t)t * p.ldq + (size_t)(h * p.G + g) * HD + c;
+        }
+        kvz_cp_async16(&sm.q[r][c], src, ok);
     }
-    size_t sidx = ((size_t)h * p.n_split + split) * p.RT;
-    if (nv <= 0) {
-        for (int r = tid; r < p.RT; r += blockDim.x) { p.pm[sidx + r] = -INFINITY; p.pl[sidx + r] = 0.f; }
+
+    const int len_h = p.kv.len[h];
+    const int n_ct = (len_h + DEC_BN - 1) / DEC_BN, n_t = n_ct + p.n_ot;
+    const int t0 = (int)((long long)split * n_t / p.n_split);
+    const int n = (int)((long long)(split + 1) * n_t / p.n_split) - t0;
+    const size_t sidx = ((size_t)h * p.n_split + split) * p.RT;
+    if (n <= 0) {
+        kvz_cp_wait<0>();
+        for (int r = tid; r < p.RT; r += DEC_THREADS) { p.pm[sidx + r] = -INFINITY; p.pl[sidx + r] = 0.f; }
         return;
     }
-    /* stage K, V with cp.async (whole tile in flight at once), then positions, Q (fp32) */
-    constexpr int CPR = HD / 8;
-#pragma unroll 4
-    for (int i = tid; i < DEC_BN * CPR; i += DEC_THREADS) {
-        int r = i / CPR, c = (i % CPR) * 8;
-        bool ok = r < nv;
-        kvz_cp_async16(&sm.k[r][c], ok ? kb + (size_t)r * HD + c : kb, ok);
-        kvz_cp_async16(&sm.v[r][c], ok ? vb + (size_t)r * HD + c : vb, ok);
-    }
-    kvz_cp_commit();
-    for (int r = tid; r < DEC_BN; r += blockDim.x) {
-        int kp = INT_MAX;
-        if (r < nv) { kp = pb[r]; if (kp < 0) kp = INT_MAX; }
-        sm.kpos[r] = kp;
-    }
-    /* Q: 8 bf16 per 16-byte load, all issued before any use */
-    for (int i = tid; i < RMAX * HD / 8; i += blockDim.x) {
-        int r = i / (HD / 8), d = (i % (HD / 8)) * 8;
-        uint4 raw = make_uint4(0, 0, 0, 0);
-        if (r < p.RT) {
-            int t = r / p.G, g = r % p.G;
-            raw = *(const uint4 *)(p.q + (size_t)t * p.ldq + (size_t)(h * p.G + g) * HD + d);
-        }
-        const __nv_bfloat162 *b2 = (const __nv_bfloat162 *)&raw;
-        float2 f0 = __bfloat1622float2(b2[0]), f1 = __bfloat1622float2(b2[1]);
-        float2 f2 = __bfloat1622float2(b2[2]), f3 = __bfloat1622float2(b2[3]);
-        *(float4 *)&sm.q[r][d] = make_float4(f0.x, f0.y, f1.x, f1.y);
-        *(float4 *)&sm.q[r][d + 4] = make_float4(f2.x, f2.y, f3.x, f3.y);
-    }
-    for (int r = tid; r < RMAX; r += blockDim.x) sm.qp[r] = r < p.RT ? p.qpos[r / p.G] : -1;
-    kvz_cp_wait<0>();
-    __syncthreads();
 
-    /* logits: thread = key */
-    {
-        const int k = tid;
-        float acc[RMAX];
+    /* tile vt of the head's key sequence: cache rows, then buffer slots */
+    auto tile_rows = [&](int vt, int &row0, int &nv) -> bool {
+        if (vt < n_ct) { row0 = vt * DEC_BN; nv = min(DEC_BN, len_h - row0); return false; }
+        row0 = (vt - n_ct) * DEC_BN;
+        nv = min(DEC_BN, p.ob.n_slot - row0);
+        return true;
+    };
+    auto load_tile = [&](int vt, int st) {
+        int row0, nv;
+        const bf16 *kb, *vb;
+        const int32_t *pb;
+        if (!tile_rows(vt, row0, nv)) {
+            size_t b = (size_t)h * p.kv.cap + row0;
+            kb = (const bf16 *)p.kv.k + b * HD; vb = (const bf16 *)p.kv.v + b * HD; pb = p.kv.pos + b;
+        } else {
+            size_t b = (size_t)h * p.ob.n_slot + row0;
+            kb = (const bf16 *)p.ob.k + b * HD; vb = (const bf16 *)p.ob.v + b * HD; pb = p.ob.slot_pos + row0;
+        }
 #pragma unroll
-        for (int r = 0; r < RMAX; r++) acc[r] = 0.f;
-#pragma unroll 2
-        for (int d = 0; d < HD; d += 8) {
-            uint4 kr = *(const uint4 *)&sm.k[k][d];
-            float2 k0 = __bfloat1622float2(*(const __nv_bfloat162 *)&kr.x);
-            float2 k1 = __bfloat1622float2(*(const __nv_bfloat162 *)&kr.y);
-            float2 k2 = __bfloat1622float2(*(const __nv_bfloat162 *)&kr.z);
-            float2 k3 = __bfloat1622float2(*(const __nv_bfloat162 *)&kr.w);
+        for (int j = 0; j < DEC_BN * CPR / DEC_THREADS; j++) {
+            int i = tid + j * DEC_THREADS, r = i / CPR, c = (i % CPR) * 8;
+            bool ok = r < nv;
+            size_t off = ok ? (size_t)r * HD + c : 0;
+            kvz_cp_async16(&sm.kv[st][0][r][c], kb + off, ok);
+            kvz_cp_async16(&sm.kv[st][1][r][c], vb + off, ok);
+        }
+        if (tid < DEC_BN) dec_cp_async4(&sm.kpos[st][tid], tid < nv ? pb + tid : pb, tid < nv);
+    };
+
 #pragma unroll
-            for (int r = 0; r < RMAX; r++) {
-                if (r < p.RT) {
-                    float4 qa = *(const float4 *)&sm.q[r][d], qb = *(const float4 *)&sm.q[r][d + 4];
-                    acc[r] += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y
-                            + qb.x * k2.x + qb.y * k2.y + qb.z * k3.x + qb.w * k3.y;
+    for (int s = 0; s < DEC_STAGES - 1; s++) {
+        if (s < n) load_tile(t0 + s, s);
+        kvz_cp_commit();
+    }
+
+    /* this lane's query rows: ra = 8j + 2tq, rb = ra + 1 (N columns of the C fragments) */
+    int qpa[NT], qpb[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        int ra = 8 * j + 2 * tq, rb = ra + 1;
+        qpa[j] = ra < p.RT ? p.qpos[ra / p.G] : -1;
+        qpb[j] = rb < p.RT ? p.qpos[rb / p.G] : -1;
+    }
+    const int rlast = (p.T - 1) * p.G; /* first row of the last query */
+    const int kw = warp * 16;          /* this warp's keys in every tile */
+
+    float o[HD / 16][NT][4]; /* Oᵀ fragments: dims (M) × rows (N) */
+    float mrow[NT][2], lrow[NT][2];
+#pragma unroll
+    for (int mt = 0; mt < HD / 16; mt++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
+#pragma unroll
+    for (int j = 0; j < NT; j++) mrow[j][0] = mrow[j][1] = -INFINITY, lrow[j][0] = lrow[j][1] = 0.f;
+
+    for (int i = 0; i < n; i++) {
+        const int st = i % DEC_STAGES;
+        kvz_cp_wait<DEC_STAGES - 2>(); /* tile i (and Q) landed for this thread's copies */
+        __syncthreads();               /* ... for all threads; stage (i-1)%S is free again */
+        if (i + DEC_STAGES - 1 < n) load_tile(t0 + i + DEC_STAGES - 1, (i + DEC_STAGES - 1) % DEC_STAGES);
+        kvz_cp_commit();
+        int row0, nv;
+        const bool is_ob = tile_rows(t0 + i, row0, nv);
+
+        /* Sᵀ = K·Qᵀ: 16 keys × RMAX rows */
+        float sc[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk += 2) {
+            uint32_t a[2][4];
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+                kvz_ldsm_x4(a[u][0], a[u][1], a[u][2], a[u][3],
+                            &sm.kv[st][0][kw + (lane & 7) + 8 * ((lane >> 3) & 1)][(kk + u) * 16 + 8 * (lane >> 4)]);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                uint32_t b0, b1, b2, b3;
+                kvz_ldsm_x4(b0, b1, b2, b3, &sm.q[8 * j + (lane & 7)][kk * 16 + 8 * (lane >> 3)]);
+                kvz_mma_bf16(sc[j], a[0][0], a[0][1], a[0][2], a[0][3], b0, b1);
+                kvz_mma_bf16(sc[j], a[1][0], a[1][1], a[1][2], a[1][3], b2, b3);
+            }
+        }
+        /* scale + mask: keys ka = kw+gq (c0, c1) and kb = ka+8 (c2, c3); rows ra (c0, c2), rb (c1, c3) */
+        const int ka = kw + gq, kb = ka + 8;
+        int kpa = sm.kpos[st][ka], kpb = sm.kpos[st][kb];
+        if (ka >= nv || kpa < 0) kpa = INT_MAX;
+        if (kb >= nv || kpb < 0) kpb = INT_MAX;
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            sc[j][0] = kpa <= qpa[j] ? sc[j][0] * p.scale_log2 : -INFINITY;
+            sc[j][1] = kpa <= qpb[j] ? sc[j][1] * p.scale_log2 : -INFINITY;
+            sc[j][2] = kpb <= qpa[j] ? sc[j][2] * p.scale_log2 : -INFINITY;
+            sc[j][3] = kpb <= qpb[j] ? sc[j][3] * p.scale_log2 : -INFINITY;
+        }
+        if (is_ob) {
+            /* last query's raw logits per (q head, slot), -inf where masked */
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int r = 8 * j + 2 * tq + e;
+                    if (r >= rlast && r < p.RT) {
+                        float *bl = p.blog + (size_t)(h * p.G + r - rlast) * p.ob.n_slot + row0;
+                        if (ka < nv) bl[ka] = sc[j][e];
+                        if (kb < nv) bl[kb] = sc[j][2 + e];
+                    }
                 }
-            }
-        }
-        const int kp = sm.kpos[k];
+            /* ‖v‖₁ per slot: lane pair per key, half the dims each. An empty slot's V
+             * row (never written, may hold any bits) is zeroed so that P = 0 times it
+             * stays 0 in P·V. Only this warp reads its 16 V rows. */
+            const int key = kw + (lane >> 1), half = lane & 1;
+            bf16 *vr = &sm.kv[st][1][key][half * (HD / 2)];
+            const bool empty = key < nv && sm.kpos[st][key] < 0;
+            float s1 = 0.f;
 #pragma unroll
-        for (int r = 0; r < RMAX; r++) {
-            if (r < p.RT) {
-                float sv = kp <= sm.qp[r] ? acc[r] * p.scale_log2 : -INFINITY;
-                sm.p[r][k] = sv;
-                if (is_ob && r / p.G == p.T - 1 && k < nv)
-                    p.blog[(size_t)(h * p.G + r % p.G) * p.ob.n_slot + row0 + k] = sv;
+            for (int c = 0; c < HD / 2; c += 8) {
+                uint4 u = *(const uint4 *)(vr + c);
+                const __nv_bfloat162 *b2 = (const __nv_bfloat162 *)&u;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float2 f = __bfloat1622float2(b2[e]);
+                    s1 += fabsf(f.x) + fabsf(f.y);
+                }
+                if (empty) *(uint4 *)(vr + c) = make_uint4(0, 0, 0, 0);
             }
+            s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+            if (half == 0 && key < nv) p.vnorm[(size_t)h * p.ob.n_slot + row0 + key] = s1;
+            __syncwarp();
         }
-        if (is_ob && k < nv) {
-            float n1 = 0.f;
-            for (int d = 0; d < HD; d += 2) {
-                float2 vf = __bfloat1622float2(*(const __nv_bfloat162 *)&sm.v[k][d]);
-                n1 += fabsf(vf.x) + fabsf(vf.y);
+
+        /* online softmax (base 2); a row's 16 keys sit in the 8 lanes of equal tq */
+        uint32_t pb0[NT], pb1[NT];
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float mx = fmaxf(sc[j][e], sc[j][2 + e]);
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+                const float mn = fmaxf(mrow[j][e], mx);
+                const float mu = mn == -INFINITY ? 0.f : mn; /* nothing visible yet: all terms 0 */
+                const float al = exp2f(mrow[j][e] - mu);
+                sc[j][e] = exp2f(sc[j][e] - mu);
+                sc[j][2 + e] = exp2f(sc[j][2 + e] - mu);
+                lrow[j][e] = lrow[j][e] * al + sc[j][e] + sc[j][2 + e];
+                mrow[j][e] = mn;
+#pragma unroll
+                for (int mt = 0; mt < HD / 16; mt++) { o[mt][j][e] *= al; o[mt][j][2 + e] *= al; }
             }
-            p.vnorm[(size_t)h * p.ob.n_slot + row0 + k] = n1;
+            /* C fragment (key, row) → B fragment (row, key) of Pᵀ: keys 0-7 and 8-15 */
+            pb0[j] = dec_movmatrix_t(kvz_pack_bf16(sc[j][0], sc[j][1]));
+            pb1[j] = dec_movmatrix_t(kvz_pack_bf16(sc[j][2], sc[j][3]));
         }
+        /* Oᵀ += Vᵀ·Pᵀ: A = Vᵀ (16 dims × 16 keys) by transposed ldmatrix of V rows */
+#pragma unroll
+        for (int mt = 0; mt < HD / 16; mt++) {
+            uint32_t a0, a1, a2, a3;
+            kvz_ldsm_x4_t(a0, a1, a2, a3, &sm.kv[st][1][kw + (lane & 7) + 8 * (lane >> 4)][mt * 16 + 8 * ((lane >> 3) & 1)]);
+#pragma unroll
+            for (int j = 0; j < NT; j++) kvz_mma_bf16(o[mt][j], a0, a1, a2, a3, pb0[j], pb1[j]);
+        }
+    }
+    kvz_cp_wait<0>();
+
+    /* merge the 4 warps: (m, l) per row, o through shared memory (aliases the stages) */
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float l = lrow[j][e];
+            l += __shfl_xor_sync(0xffffffffu, l, 4);
+            l += __shfl_xor_sync(0xffffffffu, l, 8);
+            l += __shfl_xor_sync(0xffffffffu, l, 16);
+            lrow[j][e] = l;
+        }
+    __syncthreads(); /* every warp is done with the stage buffers */
+    float *mo = (float *)&sm.kv[0][0][0][0]; /* (DEC_WARPS, RMAX, HD + 4) */
+#pragma unroll
+    for (int mt = 0; mt < HD / 16; mt++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                mo[(warp * RMAX + 8 * j + 2 * tq + (c & 1)) * (HD + 4) + mt * 16 + gq + 8 * (c >> 1)] = o[mt][j][c];
+    if (gq == 0) {
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                sm.m[warp][8 * j + 2 * tq + e] = mrow[j][e];
+                sm.l[warp][8 * j + 2 * tq + e] = lrow[j][e];
+            }
     }
     __syncthreads();
-    /* tile softmax: warp per row */
-    for (int r = warp; r < p.RT; r += DEC_THREADS / 32) {
-        float mx = -INFINITY;
-        for (int k = lane; k < DEC_BN; k += 32) mx = fmaxf(mx, sm.p[r][k]);
-        mx = kvz_warp_max(mx);
-        float sum = 0.f;
-        for (int k = lane; k < DEC_BN; k += 32) {
-            float e = mx == -INFINITY ? 0.f : exp2f(sm.p[r][k] - mx);
-            sm.p[r][k] = e;
-            sum += e;
+    for (int i = tid; i < p.RT * HD; i += DEC_THREADS) {
+        const int r = i / HD, d = i % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, sm.m[w][r]);
+        float acc = 0.f, L = 0.f;
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < DEC_WARPS; w++) {
+                const float mw = sm.m[w][r];
+                if (mw == -INFINITY) continue;
+                const float wt = exp2f(mw - M);
+                acc += wt * mo[(w * RMAX + r) * (HD + 4) + d];
+                L += wt * sm.l[w][r];
+            }
         }
-        sum = kvz_warp_sum(sum);
-        if (lane == 0) { p.pm[sidx + r] = mx; p.pl[sidx + r] = sum; }
-    }
-    __syncthreads();
-    /* partial P·V: thread = (dim pair, row group) */
-    constexpr int NDP = HD / 2, NRG = DEC_THREADS / NDP, RPT = (RMAX + NRG - 1) / NRG;
-    const int dp = tid % NDP, rg = tid / NDP;
-    float ox[RPT], oy[RPT];
-#pragma unroll
-    for (int i = 0; i < RPT; i++) ox[i] = oy[i] = 0.f;
-    for (int k = 0; k < nv; k++) {
-        float2 vf = __bfloat1622float2(*(const __nv_bfloat162 *)&sm.v[k][2 * dp]);
-#pragma unroll
-        for (int i = 0; i < RPT; i++) {
-            int r = rg + i * NRG;
-            if (r < p.RT) { float pv = sm.p[r][k]; ox[i] += pv * vf.x; oy[i] += pv * vf.y; }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < RPT; i++) {
-        int r = rg + i * NRG;
-        if (r < p.RT) *(float2 *)&p.po[(sidx + r) * HD + 2 * dp] = make_float2(ox[i], oy[i]);
+        p.po[(sidx + r) * HD + d] = acc;
+        if (d == 0) { p.pm[sidx + r] = M; p.pl[sidx + r] = L; }
     }
 }
 
-/* grid (RT, n_kv), HD threads. */
+/* grid (RT, n_kv), HD threads, n_split floats of dynamic shared memory: per row, the
+ * global max M over the splits, weights exp2(m_s - M) (0 for an empty split, whose o
+ * is never read), L and o. */
 template <int HD>
-__global__ void dec_combine_kernel(const dec_params p)
+__global__ void __launch_bounds__(HD) dec_combine_kernel(const dec_params p)
 {
-    const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
-    const size_t base = (size_t)h * p.n_split * p.RT + r;
+    extern __shared__ float sw[];
+    __shared__ float red[HD / 32];
+    const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x, ns = p.n_split;
+    const size_t base = (size_t)h * ns * p.RT + r;
     float M = -INFINITY;
-    for (int s = 0; s < p.n_split; s++) M = fmaxf(M, p.pm[base + (size_t)s * p.RT]);
+    for (int s = d; s < ns; s += HD) M = fmaxf(M, p.pm[base + (size_t)s * p.RT]);
+    M = kvz_warp_max(M);
+    if ((d & 31) == 0) red[d >> 5] = M;
+    __syncthreads();
+    M = red[0];
+#pragma unroll
+    for (int w = 1; w < HD / 32; w++) M = fmaxf(M, red[w]);
+    for (int s = d; s < ns; s += HD) {
+        float m = p.pm[base + (size_t)s * p.RT];
+        sw[s] = m == -INFINITY ? 0.f : exp2f(m - M);
+    }
+    __syncthreads();
     float L = 0.f, acc = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll 4
-        for (int s = 0; s < p.n_split; s++) {
-            float m = p.pm[base + (size_t)s * p.RT];
-            if (m == -INFINITY) continue;
-            float w = exp2f(m - M);
-            L += p.pl[base + (size_t)s * p.RT] * w;
-            acc += p.po[(base + (size_t)s * p.RT) * HD + d] * w;
-        }
+#pragma unroll 8
+    for (int s = 0; s < ns; s++) {
+        const float w = sw[s];
+        const float l = p.pl[base + (size_t)s * p.RT], v = p.po[(base + (size_t)s * p.RT) * HD + d];
+        if (w != 0.f) { L = fmaf(l, w, L); acc = fmaf(v, w, acc); } /* select: never 0·(stale) */
     }
     int t = r / p.G, g = r % p.G, hq = h * p.G + g;
     p.o[(size_t)t * p.ldo + (size_t)hq * HD + d] = __float2bfloat16_rn(L > 0.f ? acc / L : 0.f);
     if (d == 0 && t == p.T - 1 && p.ML) { p.ML[hq * 2] = M; p.ML[hq * 2 + 1] = L; }
 }
 
-/* S_j for every slot: grid ceil(B/256), thread = slot. */
-__global__ void dec_slot_score_kernel(const dec_params p, float *S)
+/* S_j for every slot: grid ceil(B/64), thread = slot (many small blocks: the loop
+ * over heads is latency-bound, so spread it over SMs). */
+__global__ void __launch_bounds__(64) dec_slot_score_kernel(const dec_params p, float *S)
 {
     __shared__ float sML[2 * 256];
     for (int i = threadIdx.x; i < 2 * p.n_head; i += blockDim.x) sML[i] = p.ML[i];
@@ -213,7 +365,7 @@ __global__ void dec_slot_score_kernel(const dec_params p, float *S)
     const int B = p.ob.n_slot, j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= B) return;
     float acc = 0.f;
-#pragma unroll 8
+#pragma unroll 16
     for (int hq = 0; hq < p.n_head; hq++) {
         float M = sML[hq * 2], L = sML[hq * 2 + 1];
         float lg = p.blog[(size_t)hq * B + j];
@@ -223,27 +375,15 @@ __global__ void dec_slot_score_kernel(const dec_params p, float *S)
     S[j] = acc;
 }
 
-/* One block: S_j of every slot (same arithmetic as dec_slot_score_kernel; written to
- * S when S != NULL) and the argmin over evictable slots (lowest index on ties). */
-__global__ void dec_longflow_kernel(const dec_params p, float *S, int32_t *evict)
+/* One block: argmin of S over evictable slots (lowest index on ties). */
+__global__ void __launch_bounds__(1024) dec_argmin_kernel(const dec_params p, const float *S, int32_t *evict)
 {
-    __shared__ float sML[2 * 256];
-    for (int i = threadIdx.x; i < 2 * p.n_head; i += blockDim.x) sML[i] = p.ML[i];
-    __syncthreads();
     const int B = p.ob.n_slot;
     const int qlast = p.qpos[p.T - 1];
     float best = INFINITY;
     int bi = INT_MAX;
     for (int j = threadIdx.x; j < B; j += blockDim.x) {
-        float v = 0.f;
-#pragma unroll 8
-        for (int hq = 0; hq < p.n_head; hq++) {
-            float M = sML[hq * 2], L = sML[hq * 2 + 1];
-            float lg = p.blog[(size_t)hq * B + j];
-            float vn = p.vnorm[(size_t)(hq / p.G) * B + j];
-            if (lg != -INFINITY && L > 0.f) v += exp2f(lg - M) / L * vn;
-        }
-        if (S) S[j] = v;
+        float v = S[j];
         int sp = p.ob.slot_pos[j];
         bool ev = sp >= 0 && j >= p.ob.n_sink && sp != qlast;
         if (ev && (v < best || (v == best && j < bi))) { best = v; bi = j; }
@@ -269,17 +409,46 @@ __global__ void dec_longflow_kernel(const dec_params p, float *S, int32_t *evict
             int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
             if (b2 < best || (b2 == best && i2 < bi)) { best = b2; bi = i2; }
         }
-        if (lane == 0 && evict) *evict = bi == INT_MAX ? -1 : bi;
+        if (lane == 0) *evict = bi == INT_MAX ? -1 : bi;
     }
 }
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+/* SM count of the current device, queried once per device (the first decode call
+ * comes before any graph capture) and cached. */
+static int dec_sm_count(void)
+{
+    static int cache[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) { cudaGetLastError(); dev = 0; }
+    if (dev >= 0 && dev < 64 && cache[dev] > 0) return cache[dev];
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+        cudaGetLastError();
+        n = 132;
+    }
+    if (dev >= 0 && dev < 64) cache[dev] = n;
+    return n;
+}
+
+/* Splits per KV head: about one wave of resident split blocks (occ per SM) over all
+ * KV heads, then evened out so every split gets the same number of tiles at max_len.
+ * n_kv = 1, occ = DEC_MAX_OCC gives the upper bound used to size the workspace. */
+static int dec_num_splits(int max_len, int n_slot, int n_kv, int occ)
+{
+    int n_t = (max_len + DEC_BN - 1) / DEC_BN + (n_slot + DEC_BN - 1) / DEC_BN;
+    if (n_t <= 0) return 1;
+    int target = (occ * dec_sm_count() + n_kv - 1) / n_kv;
+    if (target < 1) target = 1;
+    int per = (n_t + target - 1) / target; /* tiles per split */
+    return (n_t + per - 1) / per;
+}
+
 struct dec_layout { size_t po, pm, pl, blog, vnorm, ML, S, total; };
 
-static dec_layout dec_ws_layout(int T, int n_head, int hd, int max_len, int n_slot)
+static dec_layout dec_ws_layout(int T, int n_head, int hd, int n_split, int n_slot)
 {
-    int n_split = (max_len + DEC_BN - 1) / DEC_BN + (n_slot + DEC_BN - 1) / DEC_BN;
     size_t rows = (size_t)T * n_head * n_split;
     dec_layout L;
     L.po = 0;
@@ -296,14 +465,14 @@ static dec_layout dec_ws_layout(int T, int n_head, int hd, int max_len, int n_sl
 extern "C" size_t kvz_cuda_attn_decode_ws_size(int T, int n_head, int hd, int max_len, int n_slot)
 {
     if (T <= 0 || n_head <= 0 || hd <= 0 || max_len < 0 || n_slot < 0) return 0;
-    return dec_ws_layout(T, n_head, hd, max_len, n_slot).total;
+    return dec_ws_layout(T, n_head, hd, dec_num_splits(max_len, n_slot, 1, DEC_MAX_OCC), n_slot).total;
 }
 
-template <int HD, int RMAX>
+template <int HD, int NT>
 static int dec_launch_split(const dec_params &p, cudaStream_t s)
 {
-    size_t smem = sizeof(dec_smem<HD, RMAX>);
-    auto kern = dec_split_kernel<HD, RMAX>;
+    size_t smem = sizeof(dec_smem<HD, NT>);
+    auto kern = dec_split_kernel<HD, NT>;
     KVZ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kern<<<dim3(p.n_split, p.kv.n_kv), DEC_THREADS, smem, s>>>(p);
     KVZ_LAUNCH_CHECK("attn_decode_split");
@@ -324,17 +493,18 @@ extern "C" int kvz_cuda_attn_decode(cudaStream_t s, int T, int n_head, const voi
     KVZ_ARG(max_len >= 0 && max_len <= kv->cap);
     KVZ_ARG(!ob || (ob->k && ob->v && ob->slot_pos && ob->n_slot > 0));
     KVZ_ARG(((uintptr_t)kv->k & 15) == 0 && ((uintptr_t)kv->v & 15) == 0);
-    int n_slot = ob ? ob->n_slot : 0;
-    dec_layout L = dec_ws_layout(T, n_head, kv->hd, max_len, n_slot);
+    KVZ_ARG(!ob || (((uintptr_t)ob->k & 15) == 0 && ((uintptr_t)ob->v & 15) == 0));
+    const int n_slot = ob ? ob->n_slot : 0, occ = kv->hd == 64 ? 3 : 2;
+    const int n_split = dec_num_splits(max_len, n_slot, kv->n_kv, occ);
+    dec_layout L = dec_ws_layout(T, n_head, kv->hd, n_split, n_slot);
     KVZ_ARG(ws && ws_bytes >= L.total);
     dec_params p = {};
     p.q = (const bf16 *)q; p.ldq = ldq; p.qpos = qpos;
     p.T = T; p.G = n_head / kv->n_kv; p.n_head = n_head; p.RT = T * p.G;
     p.kv = *kv;
     if (ob) p.ob = *ob;
-    p.n_cs = (max_len + DEC_BN - 1) / DEC_BN;
-    p.n_split = p.n_cs + (n_slot + DEC_BN - 1) / DEC_BN;
-    if (p.n_split == 0) p.n_split = p.n_cs = 1; /* empty cache: one empty split writes m = -inf */
+    p.n_ot = (n_slot + DEC_BN - 1) / DEC_BN;
+    p.n_split = n_split;
     p.scale_log2 = 1.4426950408889634f / sqrtf((float)kv->hd);
     char *w = (char *)ws;
     p.po = (float *)(w + L.po); p.pm = (float *)(w + L.pm); p.pl = (float *)(w + L.pl);
@@ -343,21 +513,24 @@ extern "C" int kvz_cuda_attn_decode(cudaStream_t s, int T, int n_head, const voi
     p.o = (bf16 *)o; p.ldo = ldo;
     int rc;
     if (kv->hd == 64)
-        rc = p.RT <= 8 ? dec_launch_split<64, 8>(p, s)
-           : p.RT <= 16 ? dec_launch_split<64, 16>(p, s) : dec_launch_split<64, 32>(p, s);
+        rc = p.RT <= 8 ? dec_launch_split<64, 1>(p, s)
+           : p.RT <= 16 ? dec_launch_split<64, 2>(p, s) : dec_launch_split<64, 4>(p, s);
     else
-        rc = p.RT <= 8 ? dec_launch_split<128, 8>(p, s)
-           : p.RT <= 16 ? dec_launch_split<128, 16>(p, s) : dec_launch_split<128, 32>(p, s);
+        rc = p.RT <= 8 ? dec_launch_split<128, 1>(p, s)
+           : p.RT <= 16 ? dec_launch_split<128, 2>(p, s) : dec_launch_split<128, 4>(p, s);
     if (rc) return rc;
-    if (kv->hd == 64) dec_combine_kernel<64><<<dim3(p.RT, kv->n_kv), 64, 0, s>>>(p);
-    else dec_combine_kernel<128><<<dim3(p.RT, kv->n_kv), 128, 0, s>>>(p);
+    const size_t csm = (size_t)n_split * sizeof(float);
+    if (kv->hd == 64) dec_combine_kernel<64><<<dim3(p.RT, kv->n_kv), 64, csm, s>>>(p);
+    else dec_combine_kernel<128><<<dim3(p.RT, kv->n_kv), 128, csm, s>>>(p);
     KVZ_LAUNCH_CHECK("attn_decode_combine");
-    if (ob && evict_slot) { /* fused S_j + argmin: one launch */
-        dec_longflow_kernel<<<1, 1024, 0, s>>>(p, slot_score, evict_slot);
-        KVZ_LAUNCH_CHECK("attn_decode_longflow");
-    } else if (ob && slot_score) {
-        dec_slot_score_kernel<<<(n_slot + 255) / 256, 256, 0, s>>>(p, slot_score);
+    if (ob && (slot_score || evict_slot)) { /* S_j over many blocks, then the argmin */
+        float *S = slot_score ? slot_score : (float *)(w + L.S);
+        dec_slot_score_kernel<<<(n_slot + 63) / 64, 64, 0, s>>>(p, S);
         KVZ_LAUNCH_CHECK("attn_decode_slot_score");
+        if (evict_slot) {
+            dec_argmin_kernel<<<1, 1024, 0, s>>>(p, S, evict_slot);
+            KVZ_LAUNCH_CHECK("attn_decode_argmin");
+        }
     }
     return 0;
 }

@@ -470,6 +470,38 @@ static void test_decode(int hd, int n_kv, int G, int T, int plant_tie)
     kv_free(&c); ob_free(&ob);
 }
 
+/* T = 1 linear layer (the GEMV path): ragged sizes (rows not a multiple of a block's
+ * rows, n_in not a multiple of the unrolled step), bf16 out and fp32 out with beta */
+static void test_gemv(kvz_cuda_blas *bl, int in, int out)
+{
+    float *xf = malloc((size_t)in * 4), *wf = malloc((size_t)out * in * 4), *y0 = malloc((size_t)out * 4);
+    uint16_t *xb = malloc((size_t)in * 2), *wb = malloc((size_t)out * in * 2);
+    fill_bf(xf, xb, in, 1.f);
+    fill_bf(wf, wb, (size_t)out * in, 0.05f);
+    for (int i = 0; i < out; i++) y0[i] = rng_sym();
+    double *ref = malloc((size_t)out * 8), *ref2 = malloc((size_t)out * 8);
+    for (int o = 0; o < out; o++) {
+        double s = 0;
+        for (int i = 0; i < in; i++) s += (double)xf[i] * wf[(size_t)o * in + i];
+        ref[o] = s;
+        ref2[o] = s + 0.5 * y0[o];
+    }
+    void *dx = dup_to_dev(xb, (size_t)in * 2), *dw = dup_to_dev(wb, (size_t)out * in * 2);
+    float *dyf = dup_to_dev(y0, (size_t)out * 4);
+    void *dyb = dalloc((size_t)out * 2);
+    API(kvz_cuda_linear(bl, g_s, 1, in, out, dx, in, dw, NULL, dyb, KVZ_CUDA_BF16, out, 0.f));
+    float *yb = bf_to_host(dyb, out), *yf = malloc((size_t)out * 4);
+    char name[96];
+    snprintf(name, sizeof name, "linear T=1 %d->%d bf16 out", in, out);
+    CHECK_ERR(name, rel_err_d(yb, ref, out), TOL_BF);
+    API(kvz_cuda_linear(bl, g_s, 1, in, out, dx, in, dw, NULL, dyf, KVZ_CUDA_F32, out, 0.5f));
+    to_host(yf, dyf, (size_t)out * 4);
+    snprintf(name, sizeof name, "linear T=1 %d->%d fp32 out, beta=0.5", in, out);
+    CHECK_ERR(name, rel_err_d(yf, ref2, out), TOL_F32);
+    free(xf); free(wf); free(y0); free(xb); free(wb); free(ref); free(ref2); free(yb); free(yf);
+    cudaFree(dx); cudaFree(dw); cudaFree(dyf); cudaFree(dyb);
+}
+
 /* KVzip score: full cache [prefix | context | repeat], chunk [c0,c1) */
 static void test_score(int hd, int n_kv, int G)
 {
@@ -534,6 +566,28 @@ static void test_score(int hd, int n_kv, int G)
     char name[96];
     snprintf(name, sizeof name, "kvzip score hd=%d G=%d R=%d chunk[%d,%d)", hd, G, R, c0, c1);
     CHECK_ERR(name, rel_err_d(got, ref, (size_t)n_kv * nc), 1e-4);
+
+    /* the fused path: repeat-pass attention leaves (m, l̄), then one pass over the chunk */
+    void *dout = dalloc(nq * 2);
+    CU(cudaMemset(dsc, 0xff, (size_t)n_kv * ld_score * 4));
+    CU(cudaMemset(ws, 0xff, wsb));
+    API(kvz_cuda_attn_prefill_kvzip(g_s, R, nh, dq, nh * hd, dqpos, &c.d, dout, nh * hd, n_prefix, c0, c1,
+                                    rep0, ws, wsb));
+    API(kvz_cuda_kvzip_score_fused(g_s, R, nh, dq, nh * hd, dqpos, &c.d, c0, c1, dsc + (c0 - n_prefix),
+                                   ld_score, ws, wsb));
+    to_host(sc, dsc, (size_t)n_kv * ld_score * 4);
+    for (int h = 0; h < n_kv; h++)
+        for (int j = 0; j < nc; j++) got[(size_t)h * nc + j] = sc[(size_t)h * ld_score + (c0 - n_prefix) + j];
+    snprintf(name, sizeof name, "kvzip fused score hd=%d G=%d R=%d chunk[%d,%d)", hd, G, R, c0, c1);
+    CHECK_ERR(name, rel_err_d(got, ref, (size_t)n_kv * nc), 1e-4);
+    float *o = bf_to_host(dout, nq);
+    double *oref = malloc(nq * 8);
+    for (int i = 0; i < R; i++)
+        for (int hq = 0; hq < nh; hq++)
+            attn_ref(&c, NULL, qf + ((size_t)i * nh + hq) * hd, qpos[i], hq, G, oref + ((size_t)i * nh + hq) * hd, NULL);
+    snprintf(name, sizeof name, "kvzip fused attention output hd=%d G=%d R=%d", hd, G, R);
+    CHECK_ERR(name, rel_err_d(o, oref, nq), TOL_BF);
+    free(o); free(oref); cudaFree(dout);
     free(qf); free(qb); free(qpos); free(sc); free(ref); free(got); free(s);
     cudaFree(dq); cudaFree(dqpos); cudaFree(dsc); cudaFree(ws);
     kv_free(&c);
@@ -684,8 +738,9 @@ int main(void)
     rng_seed(seed);
     struct cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
-    printf("device: %s (sm_%d%d, %d SMs), seed %llu\n", prop.name, prop.major, prop.minor,
-           prop.multiProcessorCount, (unsigned long long)seed);
+    printf("device: %s (sm_%d%d, %d SMs), seed %llu, prefill kernel: %s\n", prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount, (unsigned long long)seed,
+           getenv("KVZ_CUDA_FA") ? getenv("KVZ_CUDA_FA") : "default (wgmma on sm_90a)");
     CU(cudaStreamCreate(&g_s));
     kvz_cuda_blas *bl = NULL;
     API(kvz_cuda_blas_create(&bl));
@@ -703,10 +758,18 @@ int main(void)
     test_prefill(64, 3, 3, 130, 1);
     test_prefill(128, 8, 4, 77, 1);
     test_prefill(128, 2, 4, 1, 0);
+    test_prefill(128, 8, 4, 300, 0); /* 1200 rows: 10 row blocks of the sm_90a kernel */
+    test_prefill(64, 3, 3, 400, 1);
     test_decode(64, 3, 3, 1, 0);
     test_decode(64, 3, 3, 1, 1);
     test_decode(128, 8, 4, 1, 1);
     test_decode(128, 4, 4, 3, 0);
+    test_decode(128, 8, 4, 2, 0);
+    test_decode(128, 2, 4, 8, 0);
+    test_decode(64, 1, 4, 8, 1);
+    test_gemv(bl, 4096, 1001);
+    test_gemv(bl, 1032, 77);
+    test_gemv(bl, 14336, 523);
     test_score(64, 3, 3);
     test_score(128, 4, 4);
     test_topk(30, 3, 1000, 1, 0.3);
