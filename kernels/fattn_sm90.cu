@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda.h> /* CUtensorMap (types only; the encoder comes through the runtime) */
+
 #include "fattn_common.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
@@ -346,11 +348,362 @@ static int fa9_launch(const fa_params &p, cudaStream_t s)
     return 0;
 }
 
+/* ========================================================================== */
+/* Warp-specialised FA_OUT for long key ranges (no output buffer): warpgroup 0's first
+ * warp is the producer — it writes each tile's key positions and starts the bulk
+ * tensor copies (TMA, 128-byte swizzle, completion on an mbarrier) of K and V into a
+ * 2-stage ring; warpgroups 1 and 2 each own 64 query rows and run S = QKᵀ, the
+ * online softmax and O += PV on their own schedule, waiting on "full" barriers and
+ * releasing stages through "empty" ones. No block-wide barrier in the tile loop, so
+ * one warpgroup's softmax overlaps the other's matrix products. Registers move to
+ * the consumers with setmaxnreg (producer 24, consumers 240). */
+#define F10_THREADS 384
+#define F10_STAGES 2
+
+template <int HD> struct f10_layout {
+    static constexpr int QB = F9_BM * HD * 2;
+    static constexpr int TB = F9_BN * HD * 2;
+    static constexpr int Q = 0;
+    static constexpr int KV0 = QB;                                  /* stage s: K at KV0 + 2·s·TB, V at + TB */
+    static constexpr int KPOS = KV0 + 2 * F10_STAGES * TB;          /* int[S][BN] */
+    static constexpr int KSUB = KPOS + F10_STAGES * F9_BN * 4;      /* float[S][BN] */
+    static constexpr int NV = KSUB + F10_STAGES * F9_BN * 4;        /* int[S]: valid rows of the tile */
+    static constexpr int BAR = NV + 16;                             /* u64 full_k[S], full_v[S], empty[S] */
+    static constexpr int SEG = BAR + 3 * F10_STAGES * 8;            /* seg_lo[4] seg_n[4] seg_t0[5] scratch */
+    static constexpr int TOTAL = SEG + 16 * 4;
+    static constexpr int ALLOC = TOTAL + 1024;
+};
+
+#ifdef KVZ_HAVE_WGMMA
+__device__ __forceinline__ void f10_bar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void f10_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void f10_arrive_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void f10_wait(uint32_t bar, int parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void f10_tma_2d(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void f10_wg_bar(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+#endif
+
+template <int HD, bool SUB>
+__global__ void __launch_bounds__(F10_THREADS, 1)
+fa10_kernel(const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv, const fa_params p)
+{
+#ifdef KVZ_HAVE_WGMMA
+    using LY = f10_layout<HD>;
+    constexpr int CPR = HD / 8, NO = HD / 2;
+    extern __shared__ __align__(16) unsigned char f10_raw[];
+    unsigned char *sm = f10_raw + ((1024u - (kvz_smem_addr(f10_raw) & 1023u)) & 1023u);
+    const uint32_t sbase = kvz_smem_addr(sm);
+    int *kpos_s = (int *)(sm + LY::KPOS);
+    float *ksub_s = (float *)(sm + LY::KSUB);
+    int *nv_s = (int *)(sm + LY::NV);
+    int *seg = (int *)(sm + LY::SEG);
+    const uint32_t bar_full_k = sbase + LY::BAR, bar_full_v = bar_full_k + 8 * F10_STAGES,
+                   bar_empty = bar_full_v + 8 * F10_STAGES;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int h = blockIdx.y;
+    const int nrows = p.T * p.G;
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * F9_BM;
+
+    if (tid == 0) {
+        for (int s = 0; s < F10_STAGES; s++) {
+            f10_bar_init(bar_full_k + 8 * s, 32);  /* the producer warp's lanes (positions) + K bytes */
+            f10_bar_init(bar_full_v + 8 * s, 1);   /* V bytes */
+            f10_bar_init(bar_empty + 8 * s, 256);  /* every consumer thread */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    fa_block_segments(p, h, r0, F9_BM, F9_BN, seg, seg + 4, seg + 8, seg + 13); /* __syncthreads inside */
+    const int n_tiles = seg[8 + FA_MAXSEG];
+
+    if (wg == 0) {
+        /* ---------------- producer ---------------- */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (warp != 0) return;
+        for (int it = 0; it < n_tiles; it++) {
+            const int s = it % F10_STAGES, k = it / F10_STAGES;
+            if (it >= F10_STAGES) f10_wait(bar_empty + 8 * s, (k - 1) & 1);
+            int sg = 0;
+            while (sg + 1 < p.n_cseg && it >= seg[8 + sg + 1]) sg++;
+            const int lt = it - seg[8 + sg];
+            const int row0 = seg[sg] + lt * F9_BN;
+            const int nv = min(F9_BN, seg[4 + sg] - lt * F9_BN);
+            const int32_t *pb = p.kv.pos + (size_t)h * p.kv.cap + row0;
+#pragma unroll
+            for (int i = 0; i < F9_BN / 32; i++) {
+                const int r = lane + 32 * i;
+                int kp = INT_MAX;
+                float fl = 0.f;
+                if (r < nv) {
+                    kp = pb[r];
+                    if (kp < 0) kp = INT_MAX;
+                    if (SUB) fl = fa_in_subset(p, row0 + r) ? 1.f : 0.f;
+                }
+                kpos_s[s * F9_BN + r] = kp;
+                if (SUB) ksub_s[s * F9_BN + r] = fl;
+            }
+            if (lane == 0) nv_s[s] = nv;
+            __syncwarp();
+            if (lane == 0) {
+                const int crow = h * p.kv.cap + row0;
+                const uint32_t kd = sbase + LY::KV0 + s * 2 * LY::TB;
+                f10_arrive_tx(bar_full_k + 8 * s, LY::TB);
+#pragma unroll
+                for (int a = 0; a < HD / 64; a++) f10_tma_2d(kd + a * F9_BN * 128, &tmk, a * 64, crow, bar_full_k + 8 * s);
+                f10_arrive_tx(bar_full_v + 8 * s, LY::TB);
+#pragma unroll
+                for (int a = 0; a < HD / 64; a++)
+                    f10_tma_2d(kd + LY::TB + a * F9_BN * 128, &tmv, a * 64, crow, bar_full_v + 8 * s);
+            } else {
+                f10_arrive(bar_full_k + 8 * s);
+            }
+        }
+        return;
+    }
+
+    /* ---------------- consumers ---------------- */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    const int cw = wg - 1, ct = tid - 128 - cw * 128; /* consumer warpgroup, thread in it */
+    const int wq = (ct >> 5), gq = lane >> 2, tq = lane & 3;
+    /* this warpgroup's 64 Q rows → shared memory (swizzled); rows past the end are zero */
+    for (int i = ct; i < 64 * CPR; i += 128) {
+        int r = cw * 64 + i / CPR, c = i % CPR, row = r0 + r;
+        bool ok = row < nrows;
+        const bf16 *src = ok ? p.q + (size_t)(row / p.G) * p.ldq + (size_t)(h * p.G + row % p.G) * HD + c * 8 : p.q;
+        kvz_cp_async16(sm + LY::Q + f9_swz(r, c, F9_BM), src, ok);
+    }
+    kvz_cp_commit();
+    kvz_cp_wait<0>();
+    kvz_fence_proxy_async();
+    f10_wg_bar(1 + cw);
+
+    const int ra = r0 + cw * 64 + wq * 16 + gq, rb = ra + 8;
+    const int qpa = ra < nrows ? p.qpos[ra / p.G] : -1;
+    const int qpb = rb < nrows ? p.qpos[rb / p.G] : -1;
+    float o[NO], sc[F9_BN / 2];
+#pragma unroll
+    for (int i = 0; i < NO; i++) o[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < F9_BN / 2; i++) sc[i] = 0.f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f, ls_a = 0.f, ls_b = 0.f;
+
+    for (int it = 0; it < n_tiles; it++) {
+        const int s = it % F10_STAGES, par = (it / F10_STAGES) & 1;
+        const uint32_t kaddr = sbase + LY::KV0 + s * 2 * LY::TB, vaddr = kaddr + LY::TB;
+        f10_wait(bar_full_k + 8 * s, par);
+        kvz_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint64_t da = kvz_wg_desc(sbase + LY::Q + (kk >> 2) * (F9_BM * 128) + cw * 64 * 128 + (kk & 3) * 32, 16, 1024);
+            uint64_t db = kvz_wg_desc(kaddr + (kk >> 2) * (F9_BN * 128) + (kk & 3) * 32, 16, 1024);
+            kvz_wg_m64n128k16_ss(sc, da, db, kk > 0);
+        }
+        kvz_wg_commit();
+        kvz_wg_wait<0>();
+        kvz_wg_reg_fence(sc);
+
+        const int *kp_t = kpos_s + s * F9_BN;
+        {
+            int kmax = max(max(kp_t[lane], kp_t[lane + 32]), max(kp_t[lane + 64], kp_t[lane + 96]));
+            kmax = __reduce_max_sync(0xffffffffu, kmax);
+            int qmin = __reduce_min_sync(0xffffffffu, min(qpa, qpb));
+            if (kmax <= qmin) {
+#pragma unroll
+                for (int i = 0; i < F9_BN / 2; i++) sc[i] *= p.scale_log2;
+            } else {
+#pragma unroll
+                for (int j = 0; j < F9_BN / 8; j++) {
+                    int2 kp = *(const int2 *)&kp_t[j * 8 + 2 * tq];
+                    sc[4 * j + 0] = kp.x <= qpa ? sc[4 * j + 0] * p.scale_log2 : -INFINITY;
+                    sc[4 * j + 1] = kp.y <= qpa ? sc[4 * j + 1] * p.scale_log2 : -INFINITY;
+                    sc[4 * j + 2] = kp.x <= qpb ? sc[4 * j + 2] * p.scale_log2 : -INFINITY;
+                    sc[4 * j + 3] = kp.y <= qpb ? sc[4 * j + 3] * p.scale_log2 : -INFINITY;
+                }
+            }
+        }
+        float mxa = -INFINITY, mxb = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < F9_BN / 8; j++) {
+            mxa = fmaxf(mxa, fmaxf(sc[4 * j + 0], sc[4 * j + 1]));
+            mxb = fmaxf(mxb, fmaxf(sc[4 * j + 2], sc[4 * j + 3]));
+        }
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
+        const float mna = fmaxf(m_a, mxa), mnb = fmaxf(m_b, mxb);
+        const float ala = mna == -INFINITY ? 1.f : exp2f(m_a - mna);
+        const float alb = mnb == -INFINITY ? 1.f : exp2f(m_b - mnb);
+        const float ba = mna == -INFINITY ? 0.f : mna, bb = mnb == -INFINITY ? 0.f : mnb;
+        float sa = 0.f, sb = 0.f, ssa = 0.f, ssb = 0.f;
+#pragma unroll
+        for (int j = 0; j < F9_BN / 8; j++) {
+            sc[4 * j + 0] = exp2f(sc[4 * j + 0] - ba);
+            sc[4 * j + 1] = exp2f(sc[4 * j + 1] - ba);
+            sc[4 * j + 2] = exp2f(sc[4 * j + 2] - bb);
+            sc[4 * j + 3] = exp2f(sc[4 * j + 3] - bb);
+            sa += sc[4 * j + 0] + sc[4 * j + 1];
+            sb += sc[4 * j + 2] + sc[4 * j + 3];
+            if (SUB) {
+                float2 f = *(const float2 *)&ksub_s[s * F9_BN + j * 8 + 2 * tq];
+                ssa += sc[4 * j + 0] * f.x + sc[4 * j + 1] * f.y;
+                ssb += sc[4 * j + 2] * f.x + sc[4 * j + 3] * f.y;
+            }
+        }
+        l_a = l_a * ala + sa;
+        l_b = l_b * alb + sb;
+        if (SUB) { ls_a = ls_a * ala + ssa; ls_b = ls_b * alb + ssb; }
+        m_a = mna; m_b = mnb;
+#pragma unroll
+        for (int j = 0; j < HD / 8; j++) {
+            o[4 * j + 0] *= ala; o[4 * j + 1] *= ala; o[4 * j + 2] *= alb; o[4 * j + 3] *= alb;
+        }
+        uint32_t pa[F9_BN / 4];
+#pragma unroll
+        for (int i = 0; i < F9_BN / 4; i++) pa[i] = kvz_pack_bf16(sc[2 * i], sc[2 * i + 1]);
+        f10_wait(bar_full_v + 8 * s, par);
+        const int nv = nv_s[s];
+        if (nv < F9_BN) {
+            /* rows past the tile's end hold whatever the cache has there (even NaN):
+             * P is 0 for them, but 0·NaN is not, so clear them. Both warpgroups write
+             * the same zeros; each fences its own writes before its wgmma reads them. */
+            for (int i = ct; i < (F9_BN - nv) * CPR; i += 128) {
+                int r = nv + i / CPR, c = i % CPR;
+                *(uint4 *)(sm + LY::KV0 + s * 2 * LY::TB + LY::TB + f9_swz(r, c, F9_BN)) = make_uint4(0, 0, 0, 0);
+            }
+            kvz_fence_proxy_async();
+            f10_wg_bar(1 + cw);
+        }
+        kvz_wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < F9_BN / 16; kk++) {
+            uint64_t dv = kvz_wg_desc(vaddr + kk * 2048, F9_BN * 128, 1024);
+            if constexpr (HD == 128)
+                kvz_wg_m64n128k16_rs_t(o, pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3], dv, 1);
+            else
+                kvz_wg_m64n64k16_rs_t(o, pa[4 * kk], pa[4 * kk + 1], pa[4 * kk + 2], pa[4 * kk + 3], dv, 1);
+        }
+        kvz_wg_commit();
+        kvz_wg_wait<0>();
+        kvz_wg_reg_fence(o);
+        f10_arrive(bar_empty + 8 * s);
+    }
+
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+    if (SUB) {
+        ls_a += __shfl_xor_sync(0xffffffffu, ls_a, 1);
+        ls_a += __shfl_xor_sync(0xffffffffu, ls_a, 2);
+        ls_b += __shfl_xor_sync(0xffffffffu, ls_b, 1);
+        ls_b += __shfl_xor_sync(0xffffffffu, ls_b, 2);
+        if (tq == 0) {
+            if (ra < nrows) {
+                size_t i = ((size_t)(ra / p.G) * p.n_head + h * p.G + ra % p.G) * 2;
+                p.ml_sub[i] = m_a; p.ml_sub[i + 1] = ls_a;
+            }
+            if (rb < nrows) {
+                size_t i = ((size_t)(rb / p.G) * p.n_head + h * p.G + rb % p.G) * 2;
+                p.ml_sub[i] = m_b; p.ml_sub[i + 1] = ls_b;
+            }
+        }
+    }
+    const float ia = l_a > 0.f ? 1.f / l_a : 0.f, ib = l_b > 0.f ? 1.f / l_b : 0.f;
+    bf16 *oa = ra < nrows ? p.o + (size_t)(ra / p.G) * p.ldo + (size_t)(h * p.G + ra % p.G) * HD : nullptr;
+    bf16 *ob = rb < nrows ? p.o + (size_t)(rb / p.G) * p.ldo + (size_t)(h * p.G + rb % p.G) * HD : nullptr;
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) {
+        int d = j * 8 + 2 * tq;
+        if (oa) *(uint32_t *)(oa + d) = kvz_pack_bf16(o[4 * j + 0] * ia, o[4 * j + 1] * ia);
+        if (ob) *(uint32_t *)(ob + d) = kvz_pack_bf16(o[4 * j + 2] * ib, o[4 * j + 3] * ib);
+    }
+#endif
+}
+
+/* cuTensorMapEncodeTiled from the driver, through the runtime (no -lcuda). */
+typedef CUresult (*f10_encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                  const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static f10_encode_fn f10_encoder(void)
+{
+    static int state = 0; /* 0 unknown, 1 ok, -1 unavailable */
+    static f10_encode_fn fn = NULL;
+    if (state == 0) {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult q;
+        const char *e = getenv("KVZ_CUDA_FA");
+        if (!(e && !strcmp(e, "sm90-cpasync")) &&
+            cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess && f) {
+            fn = (f10_encode_fn)f;
+            state = 1;
+        } else {
+            cudaGetLastError();
+            state = -1;
+        }
+    }
+    return state > 0 ? fn : NULL;
+}
+
+/* K or V of one layer as a 2-D bf16 tensor (hd, n_kv·cap): boxes of 64 × 128 rows. */
+static int f10_map(CUtensorMap *map, const void *base, const kvz_cuda_kv &kv)
+{
+    f10_encode_fn enc = f10_encoder();
+    if (!enc) return 1;
+    cuuint64_t dims[2] = {(cuuint64_t)kv.hd, (cuuint64_t)kv.n_kv * (cuuint64_t)kv.cap};
+    cuuint64_t strides[1] = {(cuuint64_t)kv.hd * 2};
+    cuuint32_t box[2] = {64, F9_BN}, es[2] = {1, 1};
+    CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, es,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : 1;
+}
+
+template <int HD, bool SUB>
+static int fa10_launch(const fa_params &p, cudaStream_t s)
+{
+    CUtensorMap mk, mv;
+    if (f10_map(&mk, p.kv.k, p.kv) || f10_map(&mv, p.kv.v, p.kv)) return 1;
+    auto kern = fa10_kernel<HD, SUB>;
+    KVZ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f10_layout<HD>::ALLOC));
+    dim3 grid((p.T * p.G + F9_BM - 1) / F9_BM, p.kv.n_kv);
+    kern<<<grid, F10_THREADS, f10_layout<HD>::ALLOC, s>>>(mk, mv, p);
+    KVZ_LAUNCH_CHECK("flash_attn_sm90_tma");
+    return 0;
+}
+
 int fa_sm90_dispatch(const fa_params &p, int mode, cudaStream_t s)
 {
     if (mode == FA_STATS || !fa9_usable() || p.ldq % 8 != 0 || ((uintptr_t)p.q & 15) != 0) return 1;
     if (mode == FA_SCORE)
         return p.kv.hd == 64 ? fa9_launch<64, FA_SCORE, false>(p, s) : fa9_launch<128, FA_SCORE, false>(p, s);
+    if (!p.ob.k && p.kv.hd == 128) { /* warp-specialised TMA kernel; 1 = no tensor-map encoder */
+        int rc = p.ml_sub ? fa10_launch<128, true>(p, s) : fa10_launch<128, false>(p, s);
+        if (rc <= 0) return rc;
+    }
     if (p.kv.hd == 64)
         return p.ml_sub ? fa9_launch<64, FA_OUT, true>(p, s) : fa9_launch<64, FA_OUT, false>(p, s);
     return p.ml_sub ? fa9_launch<128, FA_OUT, true>(p, s) : fa9_launch<128, FA_OUT, false>(p, s);
