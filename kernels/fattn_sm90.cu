@@ -30,8 +30,8 @@ template <int HD> struct f9_layout {
     static constexpr int KPOS = KV0 + 4 * TB;   /* int[2][BN] */
     static constexpr int KSUB = KPOS + 2 * F9_BN * 4; /* float[2][BN] */
     static constexpr int SEG = KSUB + 2 * F9_BN * 4;  /* seg_lo[4] seg_n[4] seg_t0[5] scratch */
-    static constexpr int RED = SEG + 16 * 4;          /* float[8 warps][BN] (FA_SCORE) */
-    static constexpr int TOTAL = RED + 8 * F9_BN * 4;
+    static constexpr int RED = SEG + 16 * 4;          /* FA_SCORE: m, 1/l, qpos of the block's rows */
+    static constexpr int TOTAL = RED + 3 * F9_BM * 4;
     static constexpr int ALLOC = TOTAL + 1024; /* room to align the base to 1024 */
 };
 
@@ -131,20 +131,26 @@ __global__ void __launch_bounds__(F9_THREADS, 1) fa9_kernel(const fa_params p)
 #pragma unroll
     for (int i = 0; i < F9_BN / 2; i++) sc[i] = 0.f;
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f, ls_a = 0.f, ls_b = 0.f;
-    float inv_la = 0.f, inv_lb = 0.f;
-    if (MODE == FA_SCORE) { /* (m, l) of the row from the statistics pass */
-        if (ra < nrows) {
-            size_t i = ((size_t)(ra / p.G) * p.n_head + h * p.G + ra % p.G) * 2;
-            m_a = p.ml[i]; l_a = p.ml[i + 1];
+    /* FA_SCORE works transposed: Sᵀ = K·Qᵀ, keys as the M rows (64 per warpgroup) and
+     * the block's 128 query rows as N, so the max over queries is mostly in-thread.
+     * Per query column: its statistics (m, 1/l) and position, in shared memory. */
+    float *qm = (float *)(sm + LY::RED), *qil = qm + F9_BM;
+    int *qp_s = (int *)(qil + F9_BM);
+    if (MODE == FA_SCORE) {
+        for (int r = tid; r < F9_BM; r += F9_THREADS) {
+            const int row = r0 + r;
+            float m = 0.f, il = 0.f;
+            int qp = -1;
+            if (row < nrows) {
+                const size_t i = ((size_t)(row / p.G) * p.n_head + h * p.G + row % p.G) * 2;
+                const float l = p.ml[i + 1];
+                if (l > 0.f) { m = p.ml[i]; il = 1.f / l; }
+                qp = p.qpos[row / p.G];
+            }
+            qm[r] = m; qil[r] = il; qp_s[r] = qp;
         }
-        if (rb < nrows) {
-            size_t i = ((size_t)(rb / p.G) * p.n_head + h * p.G + rb % p.G) * 2;
-            m_b = p.ml[i]; l_b = p.ml[i + 1];
-        }
-        inv_la = l_a > 0.f ? 1.f / l_a : 0.f;
-        inv_lb = l_b > 0.f ? 1.f / l_b : 0.f;
+        /* visible before the first tile's use: the loop's first barrier */
     }
-    float *red = (float *)(sm + LY::RED);
     int row0_cur = 0;
 
     if (n_tiles > 0) load_tile(0, 0);
@@ -161,8 +167,49 @@ __global__ void __launch_bounds__(F9_THREADS, 1) fa9_kernel(const fa_params p)
         }
         if (it + 1 < n_tiles) { load_tile(it + 1, buf ^ 1); kvz_cp_commit(); }
 
-        /* S = Q Kᵀ (64 rows of this warpgroup × 128 keys) */
         const uint32_t kaddr = sbase + LY::KV0 + buf * 2 * LY::TB;
+        const int *kp_t = kpos_s + buf * F9_BN;
+        if (MODE == FA_SCORE) {
+            /* Sᵀ = K Qᵀ: this warpgroup's 64 keys × the block's 128 query rows */
+            kvz_wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint64_t da = kvz_wg_desc(kaddr + (kk >> 2) * (F9_BN * 128) + wg * 64 * 128 + (kk & 3) * 32, 16, 1024);
+                uint64_t db = kvz_wg_desc(sbase + LY::Q + (kk >> 2) * (F9_BM * 128) + (kk & 3) * 32, 16, 1024);
+                kvz_wg_m64n128k16_ss(sc, da, db, kk > 0);
+            }
+            kvz_wg_commit();
+            kvz_wg_wait<0>();
+            kvz_wg_reg_fence(sc);
+            /* p = exp2(s - m)·(1/l) for visible pairs; max over the query columns */
+            const int ka = wg * 64 + wq * 16 + gq, kb = ka + 8;
+            const int kpa = kp_t[ka], kpb = kp_t[kb];
+            float va = 0.f, vb = 0.f;
+#pragma unroll
+            for (int j = 0; j < F9_BM / 8; j++) {
+                const int c = j * 8 + 2 * tq;
+                const float2 mm = *(const float2 *)&qm[c], il = *(const float2 *)&qil[c];
+                const int2 qq = *(const int2 *)&qp_s[c];
+                float x0 = kpa <= qq.x && il.x > 0.f ? exp2f(sc[4 * j + 0] * p.scale_log2 - mm.x) * il.x : 0.f;
+                float x1 = kpa <= qq.y && il.y > 0.f ? exp2f(sc[4 * j + 1] * p.scale_log2 - mm.y) * il.y : 0.f;
+                float x2 = kpb <= qq.x && il.x > 0.f ? exp2f(sc[4 * j + 2] * p.scale_log2 - mm.x) * il.x : 0.f;
+                float x3 = kpb <= qq.y && il.y > 0.f ? exp2f(sc[4 * j + 3] * p.scale_log2 - mm.y) * il.y : 0.f;
+                va = fmaxf(va, fmaxf(x0, x1));
+                vb = fmaxf(vb, fmaxf(x2, x3));
+            }
+            va = fmaxf(va, __shfl_xor_sync(0xffffffffu, va, 1));
+            va = fmaxf(va, __shfl_xor_sync(0xffffffffu, va, 2));
+            vb = fmaxf(vb, __shfl_xor_sync(0xffffffffu, vb, 1));
+            vb = fmaxf(vb, __shfl_xor_sync(0xffffffffu, vb, 2));
+            if (tq == 0) {
+                float *sc_row = p.score + (size_t)h * p.ld_score + (row0_cur - p.c0);
+                if (kpa != INT_MAX && va > 0.f) atomicMax((int *)&sc_row[ka], __float_as_int(va));
+                if (kpb != INT_MAX && vb > 0.f) atomicMax((int *)&sc_row[kb], __float_as_int(vb));
+            }
+            continue;
+        }
+
+        /* S = Q Kᵀ (64 rows of this warpgroup × 128 keys) */
         kvz_wg_fence();
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
@@ -175,7 +222,6 @@ __global__ void __launch_bounds__(F9_THREADS, 1) fa9_kernel(const fa_params p)
         kvz_wg_reg_fence(sc);
 
         /* scale + causal mask (skipped when every key is visible to all of this warp's rows) */
-        const int *kp_t = kpos_s + buf * F9_BN;
         {
             int kmax = max(max(kp_t[lane], kp_t[lane + 32]), max(kp_t[lane + 64], kp_t[lane + 96]));
             kmax = __reduce_max_sync(0xffffffffu, kmax);
@@ -193,31 +239,6 @@ __global__ void __launch_bounds__(F9_THREADS, 1) fa9_kernel(const fa_params p)
                     sc[4 * j + 3] = kp.y <= qpb ? sc[4 * j + 3] * p.scale_log2 : -INFINITY;
                 }
             }
-        }
-        if (MODE == FA_SCORE) {
-            /* p = exp2(s - m)/l; max over the block's 128 rows per key column */
-#pragma unroll
-            for (int j = 0; j < F9_BN / 8; j++) {
-#pragma unroll
-                for (int e2 = 0; e2 < 2; e2++) {
-                    float pa = exp2f(sc[4 * j + e2] - (m_a == -INFINITY ? 0.f : m_a)) * inv_la;
-                    float pb = exp2f(sc[4 * j + 2 + e2] - (m_b == -INFINITY ? 0.f : m_b)) * inv_lb;
-                    float v = fmaxf(pa, pb);
-                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
-                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
-                    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
-                    if (gq == 0) red[warp * F9_BN + j * 8 + 2 * tq + e2] = v;
-                }
-            }
-            __syncthreads();
-            if (tid < F9_BN) {
-                float v = red[tid];
-#pragma unroll
-                for (int w = 1; w < F9_THREADS / 32; w++) v = fmaxf(v, red[w * F9_BN + tid]);
-                if (kp_t[tid] != INT_MAX && v > 0.f)
-                    atomicMax((int *)&p.score[(size_t)h * p.ld_score + (row0_cur + tid - p.c0)], __float_as_int(v));
-            }
-            continue;
         }
         /* online softmax (base 2) */
         float mxa = -INFINITY, mxb = -INFINITY;
