@@ -115,6 +115,45 @@ int kvz_cuda_linear(kvz_cuda_blas *b, cudaStream_t s, int T, int n_in, int n_out
                     const void *x, int ldx, const void *w, const float *bias,
                     void *y, kvz_cuda_dtype y_type, int ldy, float beta);
 
+/**
+ * Batch-1 linear layer on the RMSNorm of the fp32 residual (T = 1, the decode step):
+ *   y = bf16(x / sqrt(mean(x²) + eps) · norm_w) · Wᵀ + bias + beta·y
+ * with the same expression and bf16 rounding of the normalised x as kvz_cuda_rmsnorm
+ * followed by kvz_cuda_linear (Σx² summed in another order: fp32-level differences),
+ * in one launch: every block normalises x into shared memory itself. With a bias,
+ * a bf16 y is rounded before the bias is added, as kvz_cuda_linear's bias kernel does.
+ * @param x      (n_in) fp32 residual, read only
+ * @param norm_w (n_in) fp32
+ * @param w      (n_out, n_in) bf16 row-major;  @param bias (n_out) fp32 or NULL
+ * @param y      (n_out) of y_type;  @param beta 0 (overwrite) or 1 (accumulate)
+ * @param xn     (n_in) bf16 scratch, written only by the fallback (rmsnorm + linear)
+ *               taken when the GEMV path is off (KVZ_CUDA_GEMV=0), n_in % 8 != 0,
+ *               n_in > 16384 or a pointer is not 16-byte aligned; contents afterwards
+ *               unspecified.
+ * Launched with programmatic dependent launch on sm_90 (capturable in a CUDA graph).
+ * Errors: KVZ_ERR_ARG, KVZ_ERR_CUDA.
+ */
+int kvz_cuda_linear_rmsnorm(kvz_cuda_blas *b, cudaStream_t s, int n_in, int n_out,
+                            const float *x, const float *norm_w, float eps, const void *w,
+                            const float *bias, void *y, kvz_cuda_dtype y_type, float beta,
+                            void *xn);
+
+/**
+ * Batch-1 MLP input half (T = 1): out = SwiGLU(RMSNorm(x) · W_guᵀ), i.e.
+ *   g = bf16(xn·W_gu[p]), u = bf16(xn·W_gu[n_ff + p]), out[p] = bf16(silu(g)·u)
+ * — the values of kvz_cuda_rmsnorm, kvz_cuda_linear (bf16 out) and kvz_cuda_swiglu
+ * in sequence, in one launch (a warp computes gate row p and up row p together).
+ * @param x      (n_in) fp32 residual, read only;  @param norm_w (n_in) fp32
+ * @param w_gu   (2·n_ff, n_in) bf16: gate rows, then up rows
+ * @param out    (n_ff) bf16
+ * @param xn     (n_in) bf16 scratch and @param gu (2·n_ff) bf16 scratch, used only by
+ *               the fallback (same conditions as kvz_cuda_linear_rmsnorm).
+ * Errors: KVZ_ERR_ARG, KVZ_ERR_CUDA.
+ */
+int kvz_cuda_linear_rmsnorm_swiglu(kvz_cuda_blas *b, cudaStream_t s, int n_in, int n_ff,
+                                   const float *x, const float *norm_w, float eps,
+                                   const void *w_gu, void *out, void *xn, void *gu);
+
 /* ========================================================================== */
 /* Elementwise / row ops                                                      */
 
@@ -149,6 +188,34 @@ int kvz_cuda_rope(cudaStream_t s, int T, int n_head, int n_kv, int hd, void *q, 
                   void *k, int ldk, const int32_t *pos, float theta,
                   kvz_cuda_rope_layout layout, const float *q_norm_w,
                   const float *k_norm_w, float eps);
+
+/**
+ * One decode token (T = 1): RoPE (and the optional qwen3 q/k norm) in place on q and
+ * k exactly as kvz_cuda_rope, then k and v appended to every head of the cache as
+ * kvz_cuda_kv_append(T = 1) does (row len[h], pos, len[h] += 1; nothing written and
+ * len unchanged when len[h] == cap), in one launch (PDL on sm_90).
+ * @param qkv (n_head·hd + 2·n_kv·hd) bf16: the fused q | k | v row of one token
+ * @param pos (1) int32 device
+ * @param kv  the layer's cache; kv->n_kv == n_kv and kv->hd == hd
+ */
+int kvz_cuda_rope_kv_append(cudaStream_t s, int n_head, int n_kv, int hd, void *qkv,
+                            const int32_t *pos, float theta, kvz_cuda_rope_layout layout,
+                            const float *q_norm_w, const float *k_norm_w, float eps,
+                            const kvz_cuda_kv *kv);
+
+/**
+ * One decode token (T = 1): RoPE in place on q and k as kvz_cuda_rope_kv_append, then
+ * k and v written to one LongFlow output-buffer slot and slot_pos set, in one launch.
+ * Slot: @p slot when >= 0 (host value), else *d_fill when d_fill is given and
+ * *d_fill >= 0, else *d_evict when d_evict is given; nothing is written when the
+ * result is < 0 or >= n_slot. Covers kvz_cuda_outbuf_write (T = 1) and
+ * kvz_cuda_outbuf_write_dev. d_fill, d_evict: device int32 or NULL.
+ */
+int kvz_cuda_rope_outbuf_write(cudaStream_t s, int n_head, int n_kv, int hd, void *qkv,
+                               const int32_t *pos, float theta, kvz_cuda_rope_layout layout,
+                               const float *q_norm_w, const float *k_norm_w, float eps,
+                               const kvz_cuda_outbuf *ob, int slot, const int32_t *d_fill,
+                               const int32_t *d_evict);
 
 /** SwiGLU: out = silu(gate) · up, fp32 math.
  *  gate, up, out: (T, n_ff) bf16 with row strides ldg, ldu, ldo (may alias a fused

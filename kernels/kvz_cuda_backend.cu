@@ -17,6 +17,10 @@
  *   → append k,v (doc region or output buffer)  →  attention (prefill kernel, or the
  *   split decode kernel when T·G <= 32)  →  x += att·Woᵀ (GEMM beta = 1)
  *   →  xn = rmsnorm(x)  →  gu = xn·Wguᵀ  →  h = silu(g)·u  →  x += h·Wdownᵀ.
+ * T = 1 (decode) runs the same math in fewer launches: rmsnorm inside the qkv and
+ * gate|up GEMVs (and the LM head), silu(g)·u in the gate|up GEMV's epilogue, rope
+ * fused with the k/v write (kvz_cuda_linear_rmsnorm*, kvz_cuda_rope_kv_append,
+ * kvz_cuda_rope_outbuf_write).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -846,27 +850,50 @@ static int layers_enqueue(kvz_model *m, kvz_kv *kv, int32_t n, int32_t pos0, act
     TRY(kvz_cuda_embed(s, g->tok_embd, c->n_vocab, d, a->tok, n, a->x, KVZ_CUDA_F32));
     for (int32_t l = 0; l < c->n_layer; l++) {
         const cuda_layer *L = &g->L[l];
-        TRY(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a->x, NULL, KVZ_CUDA_F32, L->attn_norm, a->xn, KVZ_CUDA_BF16));
-        TRY(kvz_cuda_linear(g->blas, s, n, d, nqkv, a->xn, d, L->wqkv, L->bqkv, a->qkv, KVZ_CUDA_BF16, nqkv, 0.f));
-        TRY(kvz_cuda_rope(s, n, c->n_head, nkv, hd, a->qkv, nqkv, a->qkv + qd, nqkv, a->pos, c->rope_theta,
-                          rl, L->q_norm, L->k_norm, c->norm_eps));
-        const bf16 *kn = a->qkv + qd, *vn = a->qkv + qd + kvd;
-        if (doc) {
-            TRY(kvz_cuda_kv_append(s, &cc->L[l], n, kn, nqkv, vn, nqkv, a->pos));
-            if (!graph)
-                for (int h = 0; h < nkv; h++) kv->len[(size_t)l * nkv + h] += n;
-        } else if (graph) {
-            TRY(kvz_cuda_outbuf_write_dev(s, &cc->O[l], nkv, hd, kn, nqkv, vn, nqkv, a->pos, cc->step_d + 2,
-                                          cc->evict + l));
-        } else if (slot0 >= 0) {
-            TRY(kvz_cuda_outbuf_write(s, &cc->O[l], nkv, hd, n, kn, nqkv, vn, nqkv, a->pos, slot0, NULL));
-        } else if (kv->out_policy == KVZ_OUT_WINDOW) {
-            int32_t v = window_victim(kv, l, kv->newest[l]);
-            TRY(kvz_cuda_outbuf_write(s, &cc->O[l], nkv, hd, 1, kn, nqkv, vn, nqkv, a->pos, v, NULL));
-            kv->opos[(size_t)l * B + v] = pos0;
-            *newest = v;
+        if (n == 1) { /* decode: RMSNorm inside the qkv GEMV; RoPE fused with the K/V write */
+            TRY(kvz_cuda_linear_rmsnorm(g->blas, s, d, nqkv, a->x, L->attn_norm, c->norm_eps, L->wqkv, L->bqkv,
+                                        a->qkv, KVZ_CUDA_BF16, 0.f, a->xn));
+            if (doc) {
+                TRY(kvz_cuda_rope_kv_append(s, c->n_head, nkv, hd, a->qkv, a->pos, c->rope_theta, rl, L->q_norm,
+                                            L->k_norm, c->norm_eps, &cc->L[l]));
+                if (!graph)
+                    for (int h = 0; h < nkv; h++) kv->len[(size_t)l * nkv + h] += 1;
+            } else {
+                int32_t slot = -1;
+                const int32_t *d_fill = NULL, *d_evict = cc->evict + l;
+                if (graph) d_fill = cc->step_d + 2;
+                else if (slot0 >= 0) slot = slot0;
+                else if (kv->out_policy == KVZ_OUT_WINDOW) {
+                    slot = window_victim(kv, l, kv->newest[l]);
+                    kv->opos[(size_t)l * B + slot] = pos0;
+                    *newest = slot;
+                }
+                TRY(kvz_cuda_rope_outbuf_write(s, c->n_head, nkv, hd, a->qkv, a->pos, c->rope_theta, rl, L->q_norm,
+                                               L->k_norm, c->norm_eps, &cc->O[l], slot, d_fill, d_evict));
+            }
         } else {
-            TRY(kvz_cuda_outbuf_write(s, &cc->O[l], nkv, hd, 1, kn, nqkv, vn, nqkv, a->pos, -1, cc->evict + l));
+            TRY(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a->x, NULL, KVZ_CUDA_F32, L->attn_norm, a->xn, KVZ_CUDA_BF16));
+            TRY(kvz_cuda_linear(g->blas, s, n, d, nqkv, a->xn, d, L->wqkv, L->bqkv, a->qkv, KVZ_CUDA_BF16, nqkv, 0.f));
+            TRY(kvz_cuda_rope(s, n, c->n_head, nkv, hd, a->qkv, nqkv, a->qkv + qd, nqkv, a->pos, c->rope_theta,
+                              rl, L->q_norm, L->k_norm, c->norm_eps));
+            const bf16 *kn = a->qkv + qd, *vn = a->qkv + qd + kvd;
+            if (doc) {
+                TRY(kvz_cuda_kv_append(s, &cc->L[l], n, kn, nqkv, vn, nqkv, a->pos));
+                if (!graph)
+                    for (int h = 0; h < nkv; h++) kv->len[(size_t)l * nkv + h] += n;
+            } else if (graph) {
+                TRY(kvz_cuda_outbuf_write_dev(s, &cc->O[l], nkv, hd, kn, nqkv, vn, nqkv, a->pos, cc->step_d + 2,
+                                              cc->evict + l));
+            } else if (slot0 >= 0) {
+                TRY(kvz_cuda_outbuf_write(s, &cc->O[l], nkv, hd, n, kn, nqkv, vn, nqkv, a->pos, slot0, NULL));
+            } else if (kv->out_policy == KVZ_OUT_WINDOW) {
+                int32_t v = window_victim(kv, l, kv->newest[l]);
+                TRY(kvz_cuda_outbuf_write(s, &cc->O[l], nkv, hd, 1, kn, nqkv, vn, nqkv, a->pos, v, NULL));
+                kv->opos[(size_t)l * B + v] = pos0;
+                *newest = v;
+            } else {
+                TRY(kvz_cuda_outbuf_write(s, &cc->O[l], nkv, hd, 1, kn, nqkv, vn, nqkv, a->pos, -1, cc->evict + l));
+            }
         }
         if (sa) {
             float *sc = cc->scores + (size_t)l * nkv * sa->n_ctx + sa->c0;
@@ -889,9 +916,14 @@ static int layers_enqueue(kvz_model *m, kvz_kv *kv, int32_t n, int32_t pos0, act
             TRY(attention(m, kv, l, n, a, !doc, want_evict, graph));
         }
         TRY(kvz_cuda_linear(g->blas, s, n, qd, d, a->att, qd, L->wo, NULL, a->x, KVZ_CUDA_F32, d, 1.f));
-        TRY(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a->x, NULL, KVZ_CUDA_F32, L->ffn_norm, a->xn, KVZ_CUDA_BF16));
-        TRY(kvz_cuda_linear(g->blas, s, n, d, 2 * ff, a->xn, d, L->wgu, NULL, a->gu, KVZ_CUDA_BF16, 2 * ff, 0.f));
-        TRY(kvz_cuda_swiglu(s, n, ff, a->gu, 2 * ff, a->gu + ff, 2 * ff, a->hb, ff));
+        if (n == 1) { /* decode: RMSNorm and SwiGLU inside the gate|up GEMV */
+            TRY(kvz_cuda_linear_rmsnorm_swiglu(g->blas, s, d, ff, a->x, L->ffn_norm, c->norm_eps, L->wgu, a->hb,
+                                               a->xn, a->gu));
+        } else {
+            TRY(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a->x, NULL, KVZ_CUDA_F32, L->ffn_norm, a->xn, KVZ_CUDA_BF16));
+            TRY(kvz_cuda_linear(g->blas, s, n, d, 2 * ff, a->xn, d, L->wgu, NULL, a->gu, KVZ_CUDA_BF16, 2 * ff, 0.f));
+            TRY(kvz_cuda_swiglu(s, n, ff, a->gu, 2 * ff, a->gu + ff, 2 * ff, a->hb, ff));
+        }
         TRY(kvz_cuda_linear(g->blas, s, n, ff, d, a->hb, ff, L->wdown, NULL, a->x, KVZ_CUDA_F32, d, 1.f));
     }
     return 0;
@@ -952,10 +984,8 @@ static int decode_graph_step(kvz_model *m, kvz_kv *kv, int32_t tok, int32_t pos0
     auto enqueue = [&]() -> int {
         TRY(layers_enqueue(m, kv, 1, pos0, &a, doc, slot0, want_evict, 1, &newest, NULL));
         if (logits) {
-            TRY(kvz_cuda_rmsnorm(s, 1, c->n_embd, c->norm_eps, a.x, NULL, KVZ_CUDA_F32, m->cuda->out_norm,
-                                 a.xn, KVZ_CUDA_BF16));
-            TRY(kvz_cuda_linear(m->cuda->blas, s, 1, c->n_embd, c->n_vocab, a.xn, c->n_embd, m->cuda->output,
-                                NULL, cc->logits, KVZ_CUDA_F32, c->n_vocab, 0.f));
+            TRY(kvz_cuda_linear_rmsnorm(m->cuda->blas, s, c->n_embd, c->n_vocab, a.x, m->cuda->out_norm,
+                                        c->norm_eps, m->cuda->output, NULL, cc->logits, KVZ_CUDA_F32, 0.f, a.xn));
         }
         return 0;
     };

@@ -502,6 +502,163 @@ static void test_gemv(kvz_cuda_blas *bl, int in, int out)
     cudaFree(dx); cudaFree(dw); cudaFree(dyf); cudaFree(dyb);
 }
 
+/* T = 1 linear layer on RMSNorm(x) (kvz_cuda_linear_rmsnorm) and the fused gate|up +
+ * SwiGLU (kvz_cuda_linear_rmsnorm_swiglu), against a CPU reference that rounds the
+ * normalised x to bf16 like the GPU (xn = bf16((x·r)·w) in fp32, r from an fp64 Σx²).
+ * Tolerances: bf16 outputs TOL_BF; fp32 output 2e-4 — r differs from the GPU's rsqrtf
+ * by an ulp or two, which can flip the bf16 rounding of a few xn elements (one flip
+ * moves ‖y‖ by ~6e-5 relative at these scales). */
+static void test_linear_rmsnorm(kvz_cuda_blas *bl, int in, int out, int with_bias)
+{
+    const float eps = 1e-5f;
+    float *x = malloc((size_t)in * 4), *nw = malloc((size_t)in * 4), *xn = malloc((size_t)in * 4);
+    float *wf = malloc((size_t)out * in * 4), *y0 = malloc((size_t)out * 4), *bias = malloc((size_t)out * 4);
+    uint16_t *wb = malloc((size_t)out * in * 2);
+    for (int i = 0; i < in; i++) { x[i] = rng_sym() * 3.f; nw[i] = 1.f + 0.5f * rng_sym(); }
+    fill_bf(wf, wb, (size_t)out * in, 0.05f);
+    for (int o = 0; o < out; o++) { y0[o] = rng_sym(); bias[o] = 0.1f * rng_sym(); }
+    double ss = 0;
+    for (int i = 0; i < in; i++) ss += (double)x[i] * x[i];
+    const float r = (float)(1.0 / sqrt(ss / in + eps));
+    for (int i = 0; i < in; i++) xn[i] = h_round_bf(x[i] * r * nw[i]);
+    double *ref = malloc((size_t)out * 8), *ref2 = malloc((size_t)out * 8);
+    for (int o = 0; o < out; o++) {
+        double a = 0;
+        for (int i = 0; i < in; i++) a += (double)xn[i] * wf[(size_t)o * in + i];
+        ref[o] = a + (with_bias ? bias[o] : 0.);
+        ref2[o] = a + 0.5 * y0[o] + (with_bias ? bias[o] : 0.);
+    }
+    float *dx = dup_to_dev(x, (size_t)in * 4), *dnw = dup_to_dev(nw, (size_t)in * 4);
+    float *dbias = dup_to_dev(bias, (size_t)out * 4), *dyf = dup_to_dev(y0, (size_t)out * 4);
+    void *dw = dup_to_dev(wb, (size_t)out * in * 2), *dyb = dalloc((size_t)out * 2), *dxn = dalloc((size_t)in * 2);
+    CU(cudaMemset(dyb, 0xff, (size_t)out * 2));
+    API(kvz_cuda_linear_rmsnorm(bl, g_s, in, out, dx, dnw, eps, dw, with_bias ? dbias : NULL, dyb, KVZ_CUDA_BF16,
+                                0.f, dxn));
+    float *yb = bf_to_host(dyb, out), *yf = malloc((size_t)out * 4), *xo = malloc((size_t)in * 4);
+    char name[96];
+    snprintf(name, sizeof name, "linear+rmsnorm T=1 %d->%d bf16%s", in, out, with_bias ? " +bias" : "");
+    CHECK_ERR(name, rel_err_d(yb, ref, out), TOL_BF);
+    API(kvz_cuda_linear_rmsnorm(bl, g_s, in, out, dx, dnw, eps, dw, with_bias ? dbias : NULL, dyf, KVZ_CUDA_F32,
+                                0.5f, dxn));
+    to_host(yf, dyf, (size_t)out * 4);
+    snprintf(name, sizeof name, "linear+rmsnorm T=1 %d->%d fp32, beta=0.5%s", in, out, with_bias ? " +bias" : "");
+    CHECK_ERR(name, rel_err_d(yf, ref2, out), 2e-4);
+    to_host(xo, dx, (size_t)in * 4);
+    CHECKF(memcmp(xo, x, (size_t)in * 4) == 0, "linear+rmsnorm wrote x");
+    free(x); free(nw); free(xn); free(wf); free(y0); free(bias); free(wb); free(ref); free(ref2);
+    free(yb); free(yf); free(xo);
+    cudaFree(dx); cudaFree(dnw); cudaFree(dbias); cudaFree(dyf); cudaFree(dw); cudaFree(dyb); cudaFree(dxn);
+}
+
+static void test_linear_rmsnorm_swiglu(kvz_cuda_blas *bl, int in, int ff)
+{
+    const float eps = 1e-5f;
+    float *x = malloc((size_t)in * 4), *nw = malloc((size_t)in * 4), *xn = malloc((size_t)in * 4);
+    float *wf = malloc((size_t)2 * ff * in * 4);
+    uint16_t *wb = malloc((size_t)2 * ff * in * 2);
+    for (int i = 0; i < in; i++) { x[i] = rng_sym() * 3.f; nw[i] = 1.f + 0.5f * rng_sym(); }
+    fill_bf(wf, wb, (size_t)2 * ff * in, 0.05f);
+    double ss = 0;
+    for (int i = 0; i < in; i++) ss += (double)x[i] * x[i];
+    const float r = (float)(1.0 / sqrt(ss / in + eps));
+    for (int i = 0; i < in; i++) xn[i] = h_round_bf(x[i] * r * nw[i]);
+    double *ref = malloc((size_t)ff * 8);
+    for (int p = 0; p < ff; p++) {
+        double g = 0, u = 0;
+        for (int i = 0; i < in; i++) {
+            g += (double)xn[i] * wf[(size_t)p * in + i];
+            u += (double)xn[i] * wf[(size_t)(ff + p) * in + i];
+        }
+        ref[p] = g / (1 + exp(-g)) * u;
+    }
+    float *dx = dup_to_dev(x, (size_t)in * 4), *dnw = dup_to_dev(nw, (size_t)in * 4);
+    void *dw = dup_to_dev(wb, (size_t)2 * ff * in * 2), *dout = dalloc((size_t)ff * 2);
+    void *dxn = dalloc((size_t)in * 2), *dgu = dalloc((size_t)2 * ff * 2);
+    CU(cudaMemset(dout, 0xff, (size_t)ff * 2));
+    API(kvz_cuda_linear_rmsnorm_swiglu(bl, g_s, in, ff, dx, dnw, eps, dw, dout, dxn, dgu));
+    float *o = bf_to_host(dout, ff);
+    char name[96];
+    snprintf(name, sizeof name, "rmsnorm+gate|up+swiglu T=1 %d->2x%d", in, ff);
+    CHECK_ERR(name, rel_err_d(o, ref, ff), TOL_BF);
+    free(x); free(nw); free(xn); free(wf); free(wb); free(ref); free(o);
+    cudaFree(dx); cudaFree(dnw); cudaFree(dw); cudaFree(dout); cudaFree(dxn); cudaFree(dgu);
+}
+
+/* RoPE fused with the K/V write (one token): q and k rotated in place as rope_ref
+ * (TOL_BF), the cache row / output slot an exact copy of the rotated k and of v,
+ * pos / slot_pos / len updated exactly. mode 0: cache append (one head full: no
+ * write, len unchanged); 1: slot from the host; 2: from d_fill; 3: d_fill < 0 → d_evict. */
+static void test_rope_kv(int hd, int layout, int qknorm, int mode)
+{
+    const int nh = 8, nkv = 2, cap = 40, B = 16, p = 12345;
+    const int ld = (nh + 2 * nkv) * hd;
+    float *f = malloc((size_t)ld * 4); uint16_t *b = malloc((size_t)ld * 2);
+    fill_bf(f, b, ld, 1.f);
+    float qw[256], kw[256];
+    for (int i = 0; i < hd; i++) { qw[i] = 1.f + 0.3f * rng_sym(); kw[i] = 1.f + 0.3f * rng_sym(); }
+    int32_t pos = p, fill = mode == 2 ? 7 : -1, ev = 11;
+    void *dq = dup_to_dev(b, (size_t)ld * 2);
+    int32_t *dp = dup_to_dev(&pos, 4), *dfill = dup_to_dev(&fill, 4), *dev = dup_to_dev(&ev, 4);
+    float *dqw = dup_to_dev(qw, hd * 4), *dkw = dup_to_dev(kw, hd * 4);
+    const float *qn = qknorm ? dqw : NULL, *kn = qknorm ? dkw : NULL;
+    host_kv c;
+    host_ob ob;
+    const int lens[2] = {17, cap};
+    memset(&c, 0, sizeof c);
+    memset(&ob, 0, sizeof ob);
+    if (mode == 0) {
+        kv_build(&c, nkv, cap, hd, lens, 1000);
+        API(kvz_cuda_rope_kv_append(g_s, nh, nkv, hd, dq, dp, 100000.f, layout, qn, kn, 1e-6f, &c.d));
+    } else {
+        ob_build(&ob, nkv, hd, B, 2, 5, 0, 100);
+        API(kvz_cuda_rope_outbuf_write(g_s, nh, nkv, hd, dq, dp, 100000.f, layout, qn, kn, 1e-6f, &ob.d,
+                                       mode == 1 ? 3 : -1, mode >= 2 ? dfill : NULL, mode >= 2 ? dev : NULL));
+    }
+    float *o = bf_to_host(dq, ld);
+    double *ref = malloc((size_t)ld * 8);
+    for (int i = 0; i < ld; i++) ref[i] = f[i];
+    for (int h = 0; h < nh + nkv; h++)
+        rope_ref(ref + (size_t)h * hd, hd, p, 100000.0, layout, qknorm ? (h < nh ? qw : kw) : NULL, 1e-6f);
+    char name[96];
+    snprintf(name, sizeof name, "rope+%s hd=%d %s%s", mode == 0 ? "kv_append" : mode == 1 ? "outbuf(host slot)"
+             : mode == 2 ? "outbuf(d_fill)" : "outbuf(d_evict)", hd, layout ? "half" : "adj", qknorm ? " +qk-norm" : "");
+    CHECK_ERR(name, rel_err_d(o, ref, (size_t)(nh + nkv) * hd), TOL_BF);
+    int bad = memcmp(o + (nh + nkv) * hd, f + (nh + nkv) * hd, (size_t)nkv * hd * 4) != 0; /* v untouched */
+    if (mode == 0) {
+        float *gk = bf_to_host(c.d.k, (size_t)nkv * cap * hd), *gv = bf_to_host(c.d.v, (size_t)nkv * cap * hd);
+        int32_t len[2], *gp = malloc((size_t)nkv * cap * 4);
+        to_host(len, c.d.len, sizeof len);
+        to_host(gp, c.d.pos, (size_t)nkv * cap * 4);
+        bad += len[0] != lens[0] + 1 || len[1] != cap;
+        bad += gp[lens[0]] != p || memcmp(gp + cap, c.pos + cap, (size_t)cap * 4) != 0;
+        bad += memcmp(gk + (size_t)lens[0] * hd, o + nh * hd, hd * 4) != 0;
+        bad += memcmp(gv + (size_t)lens[0] * hd, f + (nh + nkv) * hd, hd * 4) != 0;
+        /* the full head and the other rows are untouched */
+        bad += memcmp(gk + (size_t)cap * hd, c.k + (size_t)cap * hd, (size_t)cap * hd * 4) != 0;
+        bad += memcmp(gk, c.k, (size_t)lens[0] * hd * 4) != 0;
+        free(gk); free(gv); free(gp);
+        kv_free(&c);
+    } else {
+        const int sl = mode == 1 ? 3 : mode == 2 ? 7 : 11;
+        float *gk = bf_to_host(ob.d.k, (size_t)nkv * B * hd), *gv = bf_to_host(ob.d.v, (size_t)nkv * B * hd);
+        int32_t sp[16];
+        to_host(sp, ob.d.slot_pos, sizeof sp);
+        bad += sp[sl] != p;
+        for (int j = 0; j < B; j++) bad += j != sl && sp[j] != ob.pos[j];
+        for (int h = 0; h < nkv; h++) {
+            bad += memcmp(gk + ((size_t)h * B + sl) * hd, o + (size_t)(nh + h) * hd, hd * 4) != 0;
+            bad += memcmp(gv + ((size_t)h * B + sl) * hd, f + (size_t)(nh + nkv + h) * hd, hd * 4) != 0;
+            bad += memcmp(gk + (size_t)h * B * hd, ob.k + (size_t)h * B * hd, (size_t)sl * hd * 4) != 0;
+        }
+        free(gk); free(gv);
+        ob_free(&ob);
+    }
+    printf("  %-44s %s\n", "  writes (k, v, pos, len / slot_pos)", bad ? "MISMATCH" : "exact");
+    CHECKF(bad == 0, "%s: %d write mismatches", name, bad);
+    free(f); free(b); free(o); free(ref);
+    cudaFree(dq); cudaFree(dp); cudaFree(dfill); cudaFree(dev); cudaFree(dqw); cudaFree(dkw);
+}
+
 /* KVzip score: full cache [prefix | context | repeat], chunk [c0,c1) */
 static void test_score(int hd, int n_kv, int G)
 {
@@ -770,6 +927,14 @@ int main(void)
     test_gemv(bl, 4096, 1001);
     test_gemv(bl, 1032, 77);
     test_gemv(bl, 14336, 523);
+    test_linear_rmsnorm(bl, 4096, 1001, 0);
+    test_linear_rmsnorm(bl, 4096, 6144, 1);
+    test_linear_rmsnorm(bl, 576, 20011, 0); /* many groups per block, as in the LM head */
+    test_linear_rmsnorm(bl, 8192, 301, 1);  /* x beyond the register-held 4096 */
+    test_linear_rmsnorm_swiglu(bl, 4096, 1003);
+    test_linear_rmsnorm_swiglu(bl, 576, 1536);
+    for (int hd = 64; hd <= 128; hd += 64)
+        for (int mode = 0; mode < 4; mode++) test_rope_kv(hd, mode & 1, hd == 64 && mode < 2, mode);
     test_score(64, 3, 3);
     test_score(128, 4, 4);
     test_topk(30, 3, 1000, 1, 0.3);
