@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,9 @@ const char *cli_prog = "kvzip";
 void cli_init(const char *prog, char **argv)
 {
     cli_prog = prog;
+    /* Past a file-size limit (ulimit -f) a write should fail with EFBIG, which the store
+     * reports as a full store with the transaction rolled back, not kill the process. */
+    signal(SIGXFSZ, SIG_IGN);
     if (getenv("OMP_WAIT_POLICY")) return;
     setenv("OMP_WAIT_POLICY", "passive", 1);
     execv("/proc/self/exe", argv); /* returns only on failure: then run as we are */

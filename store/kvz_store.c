@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -214,6 +216,33 @@ static int check_retired(kvz_store *s, MDB_txn *txn)
                          "while this process had it open; reopen it");
 }
 
+/* A failed commit. LMDB reports a short page write as EIO (pwrite wrote less than asked
+ * and set no errno), which is what a full disk or a file-size limit produce: look at
+ * both and say which, so the user learns the store is full, not broken. The failed
+ * transaction left the committed data untouched. */
+static int commit_err(const kvz_store *s, int rc, uint64_t need)
+{
+    if (rc == EIO || rc == ENOSPC || rc == EFBIG || rc == EDQUOT) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/data.mdb", s->dir);
+        struct statvfs vfs;
+        struct stat st;
+        struct rlimit lim;
+        const uint64_t want = need > 0 ? need : 1;
+        if (statvfs(s->dir, &vfs) == 0 && (uint64_t)vfs.f_bavail * vfs.f_frsize < want)
+            return kvz_error_set(KVZ_ERR_FULL, "kvz_store: commit: no space left on the device holding %s "
+                                 "(%llu bytes free, about %llu needed); the store is unchanged",
+                                 s->dir, (unsigned long long)vfs.f_bavail * vfs.f_frsize,
+                                 (unsigned long long)want);
+        if (getrlimit(RLIMIT_FSIZE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && stat(path, &st) == 0 &&
+            (uint64_t)st.st_size + want > (uint64_t)lim.rlim_cur)
+            return kvz_error_set(KVZ_ERR_FULL, "kvz_store: commit: %s would grow past this process's file-size "
+                                 "limit (ulimit -f: %llu bytes); the store is unchanged",
+                                 path, (unsigned long long)lim.rlim_cur);
+    }
+    return lmdb_err(rc, "commit");
+}
+
 /* Run @p body in one write transaction; on MDB_MAP_FULL abort, grow, redo all. */
 static int run_write(kvz_store *s, write_body body, void *ctx, uint64_t need)
 {
@@ -245,7 +274,7 @@ static int run_write(kvz_store *s, write_body body, void *ctx, uint64_t need)
             if ((err = grow_map(s, need))) return err;
             continue;
         }
-        return rc ? lmdb_err(rc, "commit") : 0;
+        return rc ? commit_err(s, rc, need) : 0;
     }
     return kvz_error_set(KVZ_ERR_FULL, "kvz_store: write still does not fit after 64 map growths");
 }

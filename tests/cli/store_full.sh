@@ -3,6 +3,8 @@
 # document that does not fit with one clear error, exit 1, and the store keeps
 # exactly the documents committed before, passing verify; a later run with room
 # completes. Then gc --compact shrinks the file and the store stays valid.
+# Last, the file itself cannot grow (a file-size limit, what a full disk looks like to
+# LMDB: a short write): one clear error, exit 1, the committed documents intact.
 source "$(dirname "$0")/lib.bash"
 
 S="$T/store"
@@ -44,4 +46,20 @@ check "2 docs after compact" test "$(ndocs "$S")" = 2
 verify_ok "after compact" "$S"
 if "$QRY" --store "$S" --doc doc3.txt --max-tokens 4 "What does the duty engineer log?" >/dev/null; then ok
 else bad "query after compact"; fi
+
+# the data file cannot grow: ulimit -f (1 KiB units) at ~3 blobs, no --max-map cap. The
+# CLI ignores SIGXFSZ, so the write fails and the commit is rolled back.
+S2="$T/store2"
+(ulimit -f 3200; exec "$ING" --quiet --store "$S2" "$T/docs") 2>"$T/err2"
+rc=$?
+echo "  $(cat "$T/err2")"
+check "file-size limit: exit 1 (not killed by SIGXFSZ)" test "$rc" -eq 1
+check "file-size limit: one error line" test "$(wc -l <"$T/err2")" -eq 1
+check "file-size limit: says so" grep -Eq "^kvzip-ingest: error: doc[0-9].txt: kvz_store: commit: .*/data.mdb would grow past this process's file-size limit \(ulimit -f: 3276800 bytes\); the store is unchanged \(store is full\)$" "$T/err2"
+n2=$(ndocs "$S2")
+check "file-size limit: the documents before it are kept ($n2)" test "$n2" -ge 1 -a "$n2" -lt 4
+verify_ok "file-size limit" "$S2"
+"$ING" --quiet --store "$S2" "$T/docs" || bad "ingest without the limit"
+check "all 4 docs without the limit" test "$(ndocs "$S2")" = 4
+verify_ok "after the limit" "$S2"
 finish
