@@ -163,21 +163,34 @@ static double run_prefill(kvz_model *m, const int32_t *toks, int32_t T)
     return t;
 }
 
+/* system prefix + context, the tokens ingest prefills (caller frees) */
+static int32_t *doc_tokens(const int32_t *pre, int32_t np, const int32_t *ctx, int32_t T)
+{
+    int32_t *all = malloc(sizeof(int32_t) * (size_t)(np + T));
+    memcpy(all, pre, sizeof(int32_t) * (size_t)np);
+    memcpy(all + np, ctx, sizeof(int32_t) * (size_t)T);
+    return all;
+}
+
+/* prefill n tokens into the document region in passes of `chunk` tokens */
+static void prefill_passes(kvz_model *m, kvz_kv *kv, const int32_t *toks, int32_t n, int32_t chunk)
+{
+    for (int32_t o = 0; o < n; o += chunk) {
+        int32_t nb = n - o < chunk ? n - o : chunk;
+        API(kvz_forward(m, kv, toks + o, nb, o, NULL, KVZ_FWD_NO_LOGITS, NULL));
+    }
+}
+
 /* plain prefill of a whole document as ingest feeds it: the system prefix + context, in
  * passes of `chunk` tokens (the ingest's own prefill phase, without anything after it) */
 static double run_prefill_doc(kvz_model *m, const int32_t *pre, int32_t np, const int32_t *ctx, int32_t T,
                               int32_t chunk)
 {
-    int32_t *all = malloc(sizeof(int32_t) * (size_t)(np + T));
-    memcpy(all, pre, sizeof(int32_t) * (size_t)np);
-    memcpy(all + np, ctx, sizeof(int32_t) * (size_t)T);
+    int32_t *all = doc_tokens(pre, np, ctx, T);
     kvz_kv *kv;
     API(kvz_kv_create(m, np + T + 16, 0, &kv));
     double t0 = sync_now();
-    for (int32_t o = 0; o < np + T; o += chunk) {
-        int32_t nb = np + T - o < chunk ? np + T - o : chunk;
-        API(kvz_forward(m, kv, all + o, nb, o, NULL, KVZ_FWD_NO_LOGITS, NULL));
-    }
+    prefill_passes(m, kv, all, np + T, chunk);
     double t = sync_now() - t0;
     kvz_kv_free(kv);
     free(all);
@@ -216,9 +229,7 @@ static void run_ingest(kvz_model *m, const int32_t *pre, int32_t np, const int32
     uint32_t *counts = malloc(sizeof(uint32_t) * nlh);
     kvz_kv *kv;
     API(kvz_kv_create(m, kvz_kvzip_cache_rows(tok, np, T, &p), 0, &kv));
-    int32_t *all = malloc(sizeof(int32_t) * (size_t)(np + T));
-    memcpy(all, pre, sizeof(int32_t) * (size_t)np);
-    memcpy(all + np, ctx, sizeof(int32_t) * (size_t)T);
+    int32_t *all = doc_tokens(pre, np, ctx, T);
     const int32_t n_all = np + T, nch = (T + p.chunk - 1) / p.chunk;
     kvz_tokens *rin = calloc((size_t)nch, sizeof *rin);
     double rep = 0;
@@ -230,10 +241,7 @@ static void run_ingest(kvz_model *m, const int32_t *pre, int32_t np, const int32
     it->flop_ratio = (prefill_flops(s, n_all) + rep) / prefill_flops(s, n_all);
 
     double t0 = sync_now();
-    for (int32_t o = 0; o < n_all; o += p.prefill_chunk) {
-        int32_t nb = n_all - o < p.prefill_chunk ? n_all - o : p.prefill_chunk;
-        API(kvz_forward(m, kv, all + o, nb, o, NULL, KVZ_FWD_NO_LOGITS, NULL));
-    }
+    prefill_passes(m, kv, all, n_all, p.prefill_chunk);
     double t1 = sync_now();
     for (int32_t ch = 0; ch < nch; ch++) {
         const int32_t c0 = ch * p.chunk, c1 = c0 + p.chunk < T ? c0 + p.chunk : T;
@@ -278,10 +286,7 @@ static void run_ingest(kvz_model *m, const int32_t *pre, int32_t np, const int32
     kvz_kv_free(kv);
     /* the same repeat passes without the score kernel (plain DISCARD forwards) */
     API(kvz_kv_create(m, kvz_kvzip_cache_rows(tok, np, T, &p), 0, &kv));
-    for (int32_t o = 0; o < n_all; o += p.prefill_chunk) {
-        int32_t nb = n_all - o < p.prefill_chunk ? n_all - o : p.prefill_chunk;
-        API(kvz_forward(m, kv, all + o, nb, o, NULL, KVZ_FWD_NO_LOGITS, NULL));
-    }
+    prefill_passes(m, kv, all, n_all, p.prefill_chunk);
     double u1 = sync_now();
     for (int32_t ch = 0; ch < nch; ch++)
         API(kvz_forward(m, kv, rin[ch].ids, (int32_t)rin[ch].n, n_all, NULL, KVZ_FWD_NO_LOGITS | KVZ_FWD_DISCARD, NULL));
