@@ -415,23 +415,6 @@ __global__ void __launch_bounds__(1024) dec_argmin_kernel(const dec_params p, co
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-/* SM count of the current device, queried once per device (the first decode call
- * comes before any graph capture) and cached. */
-static int dec_sm_count(void)
-{
-    static int cache[64];
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) { cudaGetLastError(); dev = 0; }
-    if (dev >= 0 && dev < 64 && cache[dev] > 0) return cache[dev];
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
-        cudaGetLastError();
-        n = 132;
-    }
-    if (dev >= 0 && dev < 64) cache[dev] = n;
-    return n;
-}
-
 /* Splits per KV head: about one wave of resident split blocks (occ per SM) over all
  * KV heads, then evened out so every split gets the same number of tiles at max_len.
  * n_kv = 1, occ = DEC_MAX_OCC gives the upper bound used to size the workspace. */
@@ -439,7 +422,7 @@ static int dec_num_splits(int max_len, int n_slot, int n_kv, int occ)
 {
     int n_t = (max_len + DEC_BN - 1) / DEC_BN + (n_slot + DEC_BN - 1) / DEC_BN;
     if (n_t <= 0) return 1;
-    int target = (occ * dec_sm_count() + n_kv - 1) / n_kv;
+    int target = (occ * kvz_cuda_sm_count() + n_kv - 1) / n_kv;
     if (target < 1) target = 1;
     int per = (n_t + target - 1) / target; /* tiles per split */
     return (n_t + per - 1) / per;

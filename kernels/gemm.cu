@@ -157,16 +157,7 @@ __global__ void __launch_bounds__(32 * GEMV_WARPS) gemv_kernel(int n_in, int n_o
 static int gemv_pdl(void)
 {
     static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("KVZ_CUDA_GEMV_PDL");
-        int dev = 0, major = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-            cudaGetLastError();
-            major = 0;
-        }
-        on = major >= 9 && !(e && e[0] == '0');
-    }
+    if (on < 0) on = kvz_cuda_pdl_allowed("KVZ_CUDA_GEMV_PDL");
     return on;
 }
 

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "kvz_cuda.h"
 #include "kvz_error.h"
@@ -27,6 +28,22 @@ typedef __nv_bfloat16 bf16;
             return kvz_error_set(KVZ_ERR_CUDA, "launch %s: %s", name,               \
                                  cudaGetErrorString(kvz_e_));                       \
     } while (0)
+
+/* 1 when kernels may be launched with programmatic stream serialization (PDL): the
+ * device current at the call is sm_90+ and the environment variable @p env (NULL:
+ * none) is unset or does not start with '0'. Host only; not cached: each caller
+ * keeps the answer in a static (first call before any graph capture). */
+static inline int kvz_cuda_pdl_allowed(const char *env)
+{
+    const char *e = env ? getenv(env) : NULL;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+        cudaGetLastError();
+        major = 0;
+    }
+    return major >= 9 && !(e && e[0] == '0');
+}
 
 #define KVZ_ARG(cond)                                                               \
     do {                                                                            \
@@ -74,4 +91,20 @@ __device__ __forceinline__ float kvz_block_sum(float v)
     }
     __syncthreads();
     return total;
+}
+
+/* SMs of the current device (cached per device; 132, the H200's, if the query fails). */
+static inline int kvz_cuda_sm_count(void)
+{
+    static int cache[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) { cudaGetLastError(); dev = 0; }
+    if (dev >= 0 && dev < 64 && cache[dev] > 0) return cache[dev];
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+        cudaGetLastError();
+        n = 132;
+    }
+    if (dev >= 0 && dev < 64) cache[dev] = n;
+    return n;
 }

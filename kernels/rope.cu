@@ -135,15 +135,7 @@ __global__ void rope_kv_kernel(int n_head, int n_kv, int hd, bf16 *q, bf16 *k, c
 static int rope_pdl(void)
 {
     static int on = -1;
-    if (on < 0) {
-        int dev = 0, major = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-            cudaGetLastError();
-            major = 0;
-        }
-        on = major >= 9;
-    }
+    if (on < 0) on = kvz_cuda_pdl_allowed(NULL);
     return on;
 }
 
