@@ -170,7 +170,7 @@ int main(int argc, char **argv)
     memcpy(all, pre.ids, sizeof(int32_t) * pre.n);
     memcpy(all + pre.n, ctx.ids, sizeof(int32_t) * (size_t)nctx);
     kvz_kv *kv;
-    kvz_kv_create(m, kvz_kvzip_cache_rows(tok, (int32_t)pre.n, nctx, &kp), 0, &kv);
+    kvz_kv_create(m, kvz_kvzip_cache_rows(m, (int32_t)pre.n, nctx, &kp), 0, &kv);
     double t0 = kvz_now();
     kvz_forward(m, kv, all, n_all, 0, NULL, KVZ_FWD_NO_LOGITS, NULL);
     const double t_prefill = kvz_now() - t0;

@@ -621,7 +621,12 @@ static int eval_doc(eval *e, int d)
     const int32_t n_prefix = di->n_prefix, n_ctx = di->n_ctx, n_doc = n_prefix + n_ctx;
     kvz_kvzip_params kp;
     kvz_kvzip_defaults(&kp);
-    int64_t cap_full = kvz_kvzip_cache_rows(e->tok, n_prefix, n_ctx, &kp);
+    int64_t cap_full = kvz_kvzip_cache_rows(e->m, n_prefix, n_ctx, &kp);
+    if (cap_full < 0) {
+        rc = (int)cap_full;
+        cli_error(rc, "cannot evaluate document");
+        goto out_early;
+    }
     if (cap_full < (int64_t)n_doc + max_seq + 1) cap_full = (int64_t)n_doc + max_seq + 1;
     if (cap_full > c->n_ctx) {
         rc = kvz_error_set(KVZ_ERR_CONTEXT, "%s: %d tokens + scoring/question room exceed the "

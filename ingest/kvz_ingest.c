@@ -155,7 +155,12 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
         rc = KVZ_ERR_NOMEM;
         goto free_work;
     }
-    if ((rc = kvz_kv_create(m, kvz_kvzip_cache_rows(tok, n_prefix, n_ctx, &o->kp), 0, &kv)))
+    const int64_t cap = kvz_kvzip_cache_rows(m, n_prefix, n_ctx, &o->kp);
+    if (cap < 0) {
+        rc = (int)cap;
+        goto free_work;
+    }
+    if ((rc = kvz_kv_create(m, cap, 0, &kv)))
         goto free_work;
     if ((rc = kvz_kvzip_score(m, kv, all.ids, n_prefix, ctx, n_ctx, &o->kp, scores, o->progress,
                               o->progress_ctx)))

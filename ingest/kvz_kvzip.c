@@ -18,6 +18,7 @@ void kvz_kvzip_defaults(kvz_kvzip_params *p)
     p->chunk = KVZ_KVZIP_CHUNK;
     p->overlap = KVZ_KVZIP_OVERLAP;
     p->prefill_chunk = 4096;
+    p->repeat_rows = 8192;
 }
 
 int kvz_kvzip_repeat_input(const kvz_tokenizer *tok, const int32_t *ctx, int32_t n_ctx,
@@ -37,17 +38,76 @@ int kvz_kvzip_repeat_input(const kvz_tokenizer *tok, const int32_t *ctx, int32_t
     return rc;
 }
 
-int64_t kvz_kvzip_cache_rows(const kvz_tokenizer *tok, int32_t n_prefix, int32_t n_ctx,
-                             const kvz_kvzip_params *p)
+/* Tokens of chunk t's repeat input (kvz_kvzip_repeat_input without building it):
+ * instr[0|1] = tokens of the first / next instruction, post = of the postfix. */
+static int32_t repeat_len(int32_t n_ctx, int32_t t, const kvz_kvzip_params *p, const int32_t instr[2], int32_t post)
 {
+    const int32_t c0 = t * p->chunk, c1 = c0 + p->chunk < n_ctx ? c0 + p->chunk : n_ctx;
+    const int32_t k = t > 0 ? (p->overlap < c0 ? p->overlap : c0) : 0;
+    return instr[t > 0] + k + post + (c1 - c0);
+}
+
+int32_t kvz_kvzip_passes(const kvz_model *m, int32_t n_ctx, const kvz_kvzip_params *p, int32_t *first,
+                         int64_t *max_tokens)
+{
+    const kvz_tokenizer *tok = kvz_model_tokenizer(m);
+    if (!tok) return kvz_error_set(KVZ_ERR_ARG, "kvzip: the model has no tokenizer");
+    if (n_ctx <= 0 || p->chunk <= 0 || p->overlap < 0) return kvz_error_set(KVZ_ERR_ARG, "kvzip: bad lengths or parameters");
+    int32_t instr[2] = {0, 0}, post = 0;
     kvz_tokens t = {0};
-    int64_t extra = 0;
-    if (kvz_tokenizer_encode(tok, KVZ_REPEAT_NEXT, strlen(KVZ_REPEAT_NEXT), 0, &t) == 0 &&
-        kvz_chat_postfix(tok, &t) == 0)
-        extra = (int64_t)t.n;
+    int rc = kvz_tokenizer_encode(tok, KVZ_REPEAT_FIRST, strlen(KVZ_REPEAT_FIRST), 0, &t);
+    instr[0] = (int32_t)t.n;
+    t.n = 0;
+    if (!rc) rc = kvz_tokenizer_encode(tok, KVZ_REPEAT_NEXT, strlen(KVZ_REPEAT_NEXT), 0, &t);
+    instr[1] = (int32_t)t.n;
+    t.n = 0;
+    if (!rc) rc = kvz_chat_postfix(tok, &t);
+    post = (int32_t)t.n;
     kvz_tokens_free(&t);
-    const int32_t longest = n_ctx < p->chunk ? n_ctx : p->chunk;
-    return (int64_t)n_prefix + n_ctx + extra + p->overlap + longest + 16;
+    if (rc) return rc;
+
+    const int32_t n_chunks = (n_ctx + p->chunk - 1) / p->chunk;
+    int32_t budget = 0;
+#ifdef KVZ_HAVE_CUDA
+    if (kvz_model_device(m) == KVZ_DEVICE_CUDA) budget = p->repeat_rows;
+#endif
+    int64_t left = 0, longest = 0;
+    for (int32_t c = 0; c < n_chunks; c++) left += repeat_len(n_ctx, c, p, instr, post);
+    /* as few passes as the budget allows, as even as the chunk boundaries allow */
+    int32_t n_pass = 0, c = 0;
+    const int64_t want = budget > 0 ? (left + budget - 1) / budget : n_chunks;
+    while (c < n_chunks) {
+        const int64_t passes_left = want - n_pass > 1 ? want - n_pass : 1;
+        const int64_t target = (left + passes_left - 1) / passes_left;
+        int64_t sum = 0;
+        first[n_pass++] = c;
+        do {
+            const int32_t len = repeat_len(n_ctx, c, p, instr, post);
+            sum += len;
+            c++;
+            if (c == n_chunks) break;
+            const int32_t nx = repeat_len(n_ctx, c, p, instr, post);
+            if (budget <= 0 || sum + nx > budget || sum + nx / 2 > target) break;
+        } while (1);
+        left -= sum;
+        if (sum > longest) longest = sum;
+    }
+    first[n_pass] = n_chunks;
+    if (max_tokens) *max_tokens = longest;
+    return n_pass;
+}
+
+int64_t kvz_kvzip_cache_rows(const kvz_model *m, int32_t n_prefix, int32_t n_ctx, const kvz_kvzip_params *p)
+{
+    if (n_ctx <= 0) return (int64_t)n_prefix + 16;
+    const int32_t n_chunks = p->chunk > 0 ? (n_ctx + p->chunk - 1) / p->chunk : 1;
+    int32_t *first = malloc(sizeof(int32_t) * ((size_t)n_chunks + 1));
+    if (!first) return KVZ_ERR_NOMEM;
+    int64_t longest = 0;
+    const int32_t rc = kvz_kvzip_passes(m, n_ctx, p, first, &longest);
+    free(first);
+    if (rc < 0) return rc;
+    return (int64_t)n_prefix + n_ctx + longest + 16;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -56,9 +116,6 @@ int kvz_kvzip_score(kvz_model *m, kvz_kv *kv, const int32_t *prefix, int32_t n_p
                     const int32_t *ctx, int32_t n_ctx, const kvz_kvzip_params *p, float *scores,
                     kvz_progress_fn progress, void *progress_ctx)
 {
-    const kvz_config *c = kvz_model_config(m);
-    const kvz_tokenizer *tok = kvz_model_tokenizer(m);
-    if (!tok) return kvz_error_set(KVZ_ERR_ARG, "kvzip: the model has no tokenizer");
     if (n_ctx <= 0 || n_prefix < 0 || p->chunk <= 0 || p->overlap < 0)
         return kvz_error_set(KVZ_ERR_ARG, "kvzip: bad lengths or parameters");
     const int32_t n_chunks = (n_ctx + p->chunk - 1) / p->chunk;
@@ -82,26 +139,51 @@ int kvz_kvzip_score(kvz_model *m, kvz_kv *kv, const int32_t *prefix, int32_t n_p
     }
     free(all);
     if (rc) return rc;
+    return kvz_kvzip_score_chunks(m, kv, n_prefix, ctx, n_ctx, p, scores, progress, progress_ctx, done, total);
+}
+
+int kvz_kvzip_score_chunks(kvz_model *m, kvz_kv *kv, int32_t n_prefix, const int32_t *ctx, int32_t n_ctx,
+                           const kvz_kvzip_params *p, float *scores, kvz_progress_fn progress,
+                           void *progress_ctx, int64_t done, int64_t total)
+{
+    const kvz_config *c = kvz_model_config(m);
+    const kvz_tokenizer *tok = kvz_model_tokenizer(m);
+    if (!tok) return kvz_error_set(KVZ_ERR_ARG, "kvzip: the model has no tokenizer");
+    if (n_ctx <= 0 || n_prefix < 0 || p->chunk <= 0 || p->overlap < 0)
+        return kvz_error_set(KVZ_ERR_ARG, "kvzip: bad lengths or parameters");
+    const int32_t n_chunks = (n_ctx + p->chunk - 1) / p->chunk, n_all = n_prefix + n_ctx;
+    int32_t *first = malloc(sizeof(int32_t) * ((size_t)n_chunks + 1));
+    if (!first) return KVZ_ERR_NOMEM;
+    const int32_t n_pass = kvz_kvzip_passes(m, n_ctx, p, first, NULL);
+    int rc = n_pass < 0 ? n_pass : 0;
+    kvz_tokens rin = {0};
 
 #ifdef KVZ_HAVE_CUDA
     if (kvz_model_device(m) == KVZ_DEVICE_CUDA) {
-        /* device: fused score kernel per layer inside the repeat pass */
-        kvz_tokens rin = {0};
-        for (int32_t t = 0; t < n_chunks && !rc; t++) {
+        /* device: the chunks of a pass run as one batch; fused score kernels per layer */
+        kvz_repeat_chunk *ch = malloc(sizeof *ch * (size_t)n_chunks);
+        if (!ch) rc = KVZ_ERR_NOMEM;
+        for (int32_t i = 0; i < n_pass && !rc; i++) {
             rin.n = 0;
-            if ((rc = kvz_kvzip_repeat_input(tok, ctx, n_ctx, t, p, &rin))) break;
-            const int32_t c0 = t * p->chunk, c1 = c0 + p->chunk < n_ctx ? c0 + p->chunk : n_ctx;
-            rc = kvz_cuda_kvzip_repeat(m, kv, rin.ids, (int32_t)rin.n, n_all, n_prefix, c0, c1,
-                                       scores, n_ctx);
-            done += c1 - c0 + 32;
+            int32_t nc = 0;
+            for (int32_t t = first[i]; t < first[i + 1] && !rc; t++, nc++) {
+                const size_t before = rin.n;
+                if ((rc = kvz_kvzip_repeat_input(tok, ctx, n_ctx, t, p, &rin))) break;
+                ch[nc].n = (int32_t)(rin.n - before);
+                ch[nc].c0 = t * p->chunk;
+                ch[nc].c1 = ch[nc].c0 + p->chunk < n_ctx ? ch[nc].c0 + p->chunk : n_ctx;
+                done += ch[nc].c1 - ch[nc].c0 + 32;
+            }
+            if (!rc) rc = kvz_cuda_kvzip_repeat(m, kv, rin.ids, ch, nc, n_all, n_prefix, scores, n_ctx);
             if (!rc && progress) rc = progress(progress_ctx, done < total ? done : total, total);
         }
+        free(ch);
         kvz_tokens_free(&rin);
+        free(first);
         return rc;
     }
 #endif
     /* CPU: the repeat pass's own attention scores the chunk (kvz_kv_probe) */
-    kvz_tokens rin = {0};
     for (int32_t t = 0; t < n_chunks && !rc; t++) {
         rin.n = 0;
         if ((rc = kvz_kvzip_repeat_input(tok, ctx, n_ctx, t, p, &rin))) break;
@@ -121,6 +203,7 @@ int kvz_kvzip_score(kvz_model *m, kvz_kv *kv, const int32_t *prefix, int32_t n_p
         if (!rc && progress) rc = progress(progress_ctx, done < total ? done : total, total);
     }
     kvz_tokens_free(&rin);
+    free(first);
     return rc;
 }
 

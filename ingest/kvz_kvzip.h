@@ -38,6 +38,11 @@ typedef struct kvz_kvzip_params {
     int32_t chunk;      /**< scoring chunk m (default 2000) */
     int32_t overlap;    /**< tokens of chunk t-1 quoted in chunk t's prompt (default 8) */
     int32_t prefill_chunk; /**< tokens per prefill pass (default 4096) */
+    int32_t repeat_rows;   /**< GPU: repeat inputs of consecutive chunks share one pass of at
+                                most this many tokens (default 8192; <= 0: one chunk per pass).
+                                The passes are independent (each chunk's repeat input attends to
+                                the document and to itself only), so this changes speed, not
+                                scores. The CPU backend always runs one chunk per pass. */
 } kvz_kvzip_params;
 
 void kvz_kvzip_defaults(kvz_kvzip_params *p);
@@ -53,8 +58,18 @@ typedef int (*kvz_progress_fn)(void *ctx, int64_t done, int64_t total);
 int kvz_kvzip_repeat_input(const kvz_tokenizer *tok, const int32_t *ctx, int32_t n_ctx,
                            int32_t t, const kvz_kvzip_params *p, kvz_tokens *out);
 
-/** Rows the cache needs to prefill and score: n_prefix + n_ctx + the longest repeat input. */
-int64_t kvz_kvzip_cache_rows(const kvz_tokenizer *tok, int32_t n_prefix, int32_t n_ctx,
+/**
+ * Repeat passes of @p m's backend: pass i scores chunks [first[i], first[i+1]).
+ * @p first: room for n_chunks + 1 entries (n_chunks = ceil(n_ctx / chunk)).
+ * @p max_tokens (may be NULL): tokens of the longest pass.
+ * @return the number of passes, or KVZ_ERR_ARG / a tokenizer error.
+ */
+int32_t kvz_kvzip_passes(const kvz_model *m, int32_t n_ctx, const kvz_kvzip_params *p, int32_t *first,
+                         int64_t *max_tokens);
+
+/** Rows the cache needs to prefill and score: n_prefix + n_ctx + the longest repeat pass
+ *  (or a negative KVZ_ERR_*). */
+int64_t kvz_kvzip_cache_rows(const kvz_model *m, int32_t n_prefix, int32_t n_ctx,
                              const kvz_kvzip_params *p);
 
 /**
@@ -67,6 +82,15 @@ int64_t kvz_kvzip_cache_rows(const kvz_tokenizer *tok, int32_t n_prefix, int32_t
 int kvz_kvzip_score(kvz_model *m, kvz_kv *kv, const int32_t *prefix, int32_t n_prefix,
                     const int32_t *ctx, int32_t n_ctx, const kvz_kvzip_params *p, float *scores,
                     kvz_progress_fn progress, void *progress_ctx);
+
+/**
+ * The scoring half of kvz_kvzip_score: @p kv already holds exactly the prefilled
+ * prefix + context; runs the repeat passes (kvz_kvzip_passes) and fills @p scores.
+ * Progress counts each chunk as its tokens + 32, starting at @p done0 of @p total.
+ */
+int kvz_kvzip_score_chunks(kvz_model *m, kvz_kv *kv, int32_t n_prefix, const int32_t *ctx, int32_t n_ctx,
+                           const kvz_kvzip_params *p, float *scores, kvz_progress_fn progress,
+                           void *progress_ctx, int64_t done0, int64_t total);
 
 /**
  * Select the pairs to keep. @p keep: (n_layer, n_kv_head, n_ctx) bytes set to 0/1;

@@ -367,16 +367,26 @@ extern "C" size_t kvz_cuda_kvzip_score_ws_size(int R, int n_head)
     return (size_t)(R > 0 ? R : 0) * (size_t)(n_head > 0 ? n_head : 0) * 2 * sizeof(float);
 }
 
+static int kvzip_rows_check(const kvz_cuda_kvzip_rows *r, const kvz_cuda_kv *kv)
+{
+    KVZ_ARG(r);
+    KVZ_ARG(0 <= r->n_prefix && r->n_prefix <= r->c0 && r->c0 <= r->c1 && r->c1 <= r->ctx_end);
+    KVZ_ARG(r->ctx_end <= r->rep0 && r->rep0 <= r->rep1 && r->rep1 <= kv->cap);
+    return 0;
+}
+
 extern "C" int kvz_cuda_kvzip_score(cudaStream_t s, int R, int n_head, const void *q, int ldq,
-                                    const int32_t *qpos, const kvz_cuda_kv *kv, int n_prefix,
-                                    int c0, int c1, int rep0, float *score, int ld_score,
-                                    void *ws, size_t ws_bytes)
+                                    const int32_t *qpos, const kvz_cuda_kv *kv, const kvz_cuda_kvzip_rows *rows,
+                                    float *score, int ld_score, void *ws, size_t ws_bytes, void *o_scratch,
+                                    int ldo)
 {
     int rc = fa_check_common(R, n_head, q, ldq, qpos, kv);
+    if (!rc) rc = kvzip_rows_check(rows, kv);
     if (rc) return rc;
-    KVZ_ARG(0 <= n_prefix && n_prefix <= c0 && c0 <= c1 && c1 <= rep0 && rep0 <= kv->cap);
+    const int c0 = rows->c0, c1 = rows->c1;
     KVZ_ARG(score && ld_score >= c1 - c0);
     KVZ_ARG(ws && ws_bytes >= kvz_cuda_kvzip_score_ws_size(R, n_head));
+    KVZ_ARG(!o_scratch || (ldo >= n_head * kv->hd && ldo % 2 == 0));
     if (c1 == c0) return 0;
     KVZ_CUDA_TRY(cudaMemset2DAsync(score, (size_t)ld_score * sizeof(float), 0,
                                    (size_t)(c1 - c0) * sizeof(float), kv->n_kv, s));
@@ -387,12 +397,23 @@ extern "C" int kvz_cuda_kvzip_score(cudaStream_t s, int R, int n_head, const voi
     p.kv = *kv;
     p.ml = (float *)ws;
     p.scale_log2 = 1.4426950408889634f / sqrtf((float)kv->hd);
-    /* pass 1: m, l over prefix ∪ chunk ∪ repeat rows */
+    /* pass 1: m, l over prefix ∪ chunk ∪ this chunk's repeat rows. With a scratch
+     * output the attention kernel computes them (its subset sum over keys that are all
+     * in K̄ is l; on Hopper the fastest kernel we have), else the statistics kernel. */
     p.n_cseg = 3;
-    p.lo[0] = 0; p.hi[0] = n_prefix; p.sorted[0] = 1;
+    p.lo[0] = 0; p.hi[0] = rows->n_prefix; p.sorted[0] = 1;
     p.lo[1] = c0; p.hi[1] = c1; p.sorted[1] = 1;
-    p.lo[2] = rep0; p.hi[2] = -1; p.sorted[2] = 1;
-    rc = fa_dispatch(p, FA_STATS, s);
+    p.lo[2] = rows->rep0; p.hi[2] = rows->rep1; p.sorted[2] = 1;
+    if (o_scratch) {
+        p.o = (bf16 *)o_scratch; p.ldo = ldo;
+        p.ml_sub = (float *)ws;
+        p.sub_np = rows->n_prefix; p.sub_c0 = c0; p.sub_c1 = c1; p.sub_rep0 = rows->rep0;
+        rc = fa_dispatch(p, FA_OUT, s);
+        p.ml_sub = NULL;
+        p.o = NULL;
+    } else {
+        rc = fa_dispatch(p, FA_STATS, s);
+    }
     if (rc) return rc;
     /* pass 2: normalised probabilities of the chunk keys, max-reduced */
     p.n_cseg = 1;
@@ -403,23 +424,26 @@ extern "C" int kvz_cuda_kvzip_score(cudaStream_t s, int R, int n_head, const voi
 
 extern "C" int kvz_cuda_attn_prefill_kvzip(cudaStream_t s, int R, int n_head, const void *q, int ldq,
                                            const int32_t *qpos, const kvz_cuda_kv *kv, void *o, int ldo,
-                                           int n_prefix, int c0, int c1, int rep0, void *ws, size_t ws_bytes)
+                                           const kvz_cuda_kvzip_rows *rows, void *ws, size_t ws_bytes)
 {
     int rc = fa_check_common(R, n_head, q, ldq, qpos, kv);
+    if (!rc) rc = kvzip_rows_check(rows, kv);
     if (rc) return rc;
     KVZ_ARG(o && ldo >= n_head * kv->hd && ldo % 2 == 0);
-    KVZ_ARG(0 <= n_prefix && n_prefix <= c0 && c0 <= c1 && c1 <= rep0 && rep0 <= kv->cap);
     KVZ_ARG(ws && ws_bytes >= kvz_cuda_kvzip_score_ws_size(R, n_head));
     if (R == 0) return 0;
     fa_params p = {};
     p.q = (const bf16 *)q; p.ldq = ldq; p.qpos = qpos;
     p.T = R; p.G = n_head / kv->n_kv; p.n_head = n_head;
     p.kv = *kv;
-    p.n_cseg = 1; p.lo[0] = 0; p.hi[0] = -1; p.sorted[0] = 1;
+    /* the whole document, then this chunk's own repeat rows (other chunks' are skipped) */
+    p.n_cseg = 2;
+    p.lo[0] = 0; p.hi[0] = rows->ctx_end; p.sorted[0] = 1;
+    p.lo[1] = rows->rep0; p.hi[1] = rows->rep1; p.sorted[1] = 1;
     p.o = (bf16 *)o; p.ldo = ldo;
     p.scale_log2 = 1.4426950408889634f / sqrtf((float)kv->hd);
     p.ml_sub = (float *)ws;
-    p.sub_np = n_prefix; p.sub_c0 = c0; p.sub_c1 = c1; p.sub_rep0 = rep0;
+    p.sub_np = rows->n_prefix; p.sub_c0 = rows->c0; p.sub_c1 = rows->c1; p.sub_rep0 = rows->rep0;
     return fa_dispatch(p, FA_OUT, s);
 }
 

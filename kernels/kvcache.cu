@@ -294,3 +294,31 @@ extern "C" int kvz_cuda_kv_compact(cudaStream_t s, const kvz_cuda_kv *src, int n
     KVZ_LAUNCH_CHECK("kv_compact");
     return 0;
 }
+
+/* rows [0, src.len[h]) of every head h → dst (same n_kv, hd); dst.len = src.len */
+__global__ void kv_copy_rows_kernel(kvz_cuda_kv src, kvz_cuda_kv dst)
+{
+    const int h = blockIdx.y, n = min(src.len[h], dst.cap), vpr = src.hd / 8;
+    const vec16 *sk = (const vec16 *)src.k + (size_t)h * src.cap * vpr;
+    const vec16 *sv = (const vec16 *)src.v + (size_t)h * src.cap * vpr;
+    vec16 *dk = (vec16 *)dst.k + (size_t)h * dst.cap * vpr;
+    vec16 *dv = (vec16 *)dst.v + (size_t)h * dst.cap * vpr;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n * vpr; i += gridDim.x * blockDim.x) {
+        dk[i] = sk[i];
+        dv[i] = sv[i];
+        if (i % vpr == 0) dst.pos[(size_t)h * dst.cap + i / vpr] = src.pos[(size_t)h * src.cap + i / vpr];
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) dst.len[h] = n;
+}
+
+extern "C" int kvz_cuda_kv_copy(cudaStream_t s, const kvz_cuda_kv *src, const kvz_cuda_kv *dst, int max_rows)
+{
+    KVZ_ARG(src && dst && src->k && src->v && src->pos && src->len && dst->k && dst->v && dst->pos && dst->len);
+    KVZ_ARG(src->n_kv == dst->n_kv && src->hd == dst->hd && src->hd % 8 == 0 && src->n_kv > 0 && max_rows >= 0);
+    const int vpr = src->hd / 8, per_block = 256 * 4;
+    const int bx = (int)(((size_t)max_rows * vpr + per_block - 1) / per_block);
+    if (bx == 0) return 0;
+    kv_copy_rows_kernel<<<dim3(bx, src->n_kv), 256, 0, s>>>(*src, *dst);
+    KVZ_LAUNCH_CHECK("kv_copy_rows");
+    return 0;
+}

@@ -324,41 +324,52 @@ int kvz_cuda_attn_decode(cudaStream_t s, int T, int n_head, const void *q, int l
 size_t kvz_cuda_kvzip_score_ws_size(int R, int n_head);
 
 /**
+ * Cache rows of one KVzip repeat pass over one context chunk. The cache (full,
+ * uncompressed, uniform over heads) holds the document, rows [0, ctx_end) = prefix
+ * rows [0, n_prefix) then the context, followed by the repeat inputs of one or more
+ * chunks, appended one after another; this chunk's R repeat rows are [rep0, rep1).
+ * The repeat queries attend to [0, ctx_end) ∪ [rep0, rep1) (by position, so their own
+ * rows causally) and never to another chunk's repeat rows. The KVzip key subset is
+ * K̄ = [0, n_prefix) ∪ [c0, c1) ∪ [rep0, rep1), the chunk being [c0, c1).
+ * Requires 0 <= n_prefix <= c0 <= c1 <= ctx_end <= rep0 <= rep1 <= cap.
+ */
+typedef struct kvz_cuda_kvzip_rows {
+    int32_t n_prefix, c0, c1, ctx_end, rep0, rep1;
+} kvz_cuda_kvzip_rows;
+
+/**
  * KVzip importance scores for one layer and one context chunk (DESIGN §3 step 3).
- * The cache (full, uncompressed, uniform over heads) holds prefix rows
- * [0, n_prefix), context rows, and the R repeat rows at [rep0, len[h]).
- * For each KV head h and chunk row j in [c0, c1):
+ * For each KV head h and chunk row j in [c0, c1) (see kvz_cuda_kvzip_rows):
  *   score[h·ld_score + (j-c0)] = max over repeat queries i and heads g of h's group of
- *   softmax_{i,g}(j) with the softmax over K̄ = rows [0,n_prefix) ∪ [c0,c1) ∪
- *   [rep0, len[h]) (visibility by position, so the repeat rows are causal).
- * Two fused passes (row max/sum, then exp(s-m)/l max-reduced with atomicMax), no
- * R×N matrix in memory. The score region is zeroed by this call first.
+ *   softmax_{i,g}(j), the softmax over the visible keys of K̄.
+ * Two fused passes (row max/sum over K̄, then the chunk's probabilities max-reduced),
+ * no R×N matrix in memory. The score region is zeroed by this call first.
  * @param q    (R, n_head, hd) bf16 post-RoPE repeat queries, row stride ldq
  * @param qpos (R) int32 device
  * @param score (n_kv, ld_score) fp32 device; columns [0, c1-c0) are written —
  *        point it at column (c0 - n_prefix) of an (n_layer, n_kv, n_ctx) array with
  *        ld_score = n_ctx to fill the global score array directly.
- * Requires 0 <= n_prefix <= c0 <= c1 <= rep0.
+ * @param o_scratch NULL, or (R, n_head·hd) bf16 device memory (row stride ldo) that
+ *        the first pass may overwrite: it then runs as attention over K̄ (faster on
+ *        Hopper than the statistics-only kernel); the contents are meaningless after.
  */
 int kvz_cuda_kvzip_score(cudaStream_t s, int R, int n_head, const void *q, int ldq,
-                         const int32_t *qpos, const kvz_cuda_kv *kv, int n_prefix,
-                         int c0, int c1, int rep0, float *score, int ld_score,
-                         void *ws, size_t ws_bytes);
+                         const int32_t *qpos, const kvz_cuda_kv *kv, const kvz_cuda_kvzip_rows *rows,
+                         float *score, int ld_score, void *ws, size_t ws_bytes, void *o_scratch, int ldo);
 
 /**
- * The repeat pass's attention with the KVzip statistics fused in: computes the same
- * output as kvz_cuda_attn_prefill (no output buffer) for the R repeat queries over
- * the whole cache, and writes to @p ws, per query row, (m, l̄) with m the row max over
- * all visible keys and l̄ = Σ exp(s - m) over the visible keys of
- * K̄ = rows [0,n_prefix) ∪ [c0,c1) ∪ [rep0, len[h]) — the softmax denominator of
- * kvz_cuda_kvzip_score's subset at the full row max (the same ratios), so each
- * key's logit is computed once for both. Follow with kvz_cuda_kvzip_score_fused.
+ * The repeat pass's attention with the KVzip statistics fused in: the attention
+ * output of the R repeat queries over [0, ctx_end) ∪ [rep0, rep1) (as
+ * kvz_cuda_attn_prefill computes it over a cache of just those rows), and in @p ws,
+ * per query row, (m, l̄) with m the row max over all visible keys and l̄ = Σ exp(s - m)
+ * over the visible keys of K̄ — kvz_cuda_kvzip_score's subset denominator at the full
+ * row max (the same ratios), so each key's logit is computed once for both. Follow
+ * with kvz_cuda_kvzip_score_fused.
  * @param ws kvz_cuda_kvzip_score_ws_size(R, n_head) bytes, device
- * Requires 0 <= n_prefix <= c0 <= c1 <= rep0 <= cap.
  */
 int kvz_cuda_attn_prefill_kvzip(cudaStream_t s, int R, int n_head, const void *q, int ldq,
                                 const int32_t *qpos, const kvz_cuda_kv *kv, void *o, int ldo,
-                                int n_prefix, int c0, int c1, int rep0, void *ws, size_t ws_bytes);
+                                const kvz_cuda_kvzip_rows *rows, void *ws, size_t ws_bytes);
 
 /**
  * Second half of the fused KVzip scoring: with @p ws filled by
@@ -407,6 +418,13 @@ int kvz_cuda_keep_counts(cudaStream_t s, const uint8_t *keep, int n_rows, int n_
  */
 int kvz_cuda_kv_compact(cudaStream_t s, const kvz_cuda_kv *src, int n_prefix, int n_ctx,
                         const uint8_t *keep, const kvz_cuda_kv *dst);
+
+/**
+ * Copy rows [0, src->len[h]) of every head h (K, V, pos; at most dst->cap) to dst and
+ * set dst->len = src->len. @p max_rows: an upper bound of src->len (sizes the grid;
+ * rows past it are not copied). src and dst must not overlap.
+ */
+int kvz_cuda_kv_copy(cudaStream_t s, const kvz_cuda_kv *src, const kvz_cuda_kv *dst, int max_rows);
 
 #ifdef __cplusplus
 }

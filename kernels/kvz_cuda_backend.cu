@@ -774,8 +774,13 @@ __global__ void naive_attn_kernel(const bf16 *__restrict__ q, int ldq, const int
 /* ====================================================================== */
 /* forward                                                                  */
 
+/* A batch of KVzip repeat inputs (kvz_cuda_kvzip_repeat): chunk i owns batch rows
+ * [r0[i], r0[i] + ch[i].n) and cache rows ctx_end + r0[i]..; pos: host positions of
+ * every batch row. */
 typedef struct score_args {
-    int32_t n_prefix, c0, c1, rep0, n_ctx; /* c0, c1: context indices */
+    int32_t n_prefix, n_ctx, n_ch;
+    const kvz_repeat_chunk *ch;
+    const int32_t *r0, *pos;
 } score_args;
 
 static int attention(kvz_model *m, kvz_kv *kv, int32_t l, int32_t n, act_view *a, int use_ob,
@@ -896,22 +901,32 @@ static int layers_enqueue(kvz_model *m, kvz_kv *kv, int32_t n, int32_t pos0, act
             }
         }
         if (sa) {
-            float *sc = cc->scores + (size_t)l * nkv * sa->n_ctx + sa->c0;
-            const int c0 = sa->n_prefix + sa->c0, c1 = sa->n_prefix + sa->c1;
-            if (l == c->n_layer - 1) {
-                /* last layer: its scores are all the repeat pass still needs, so score over
-                 * the key subset alone (two passes over K̄) and skip the attention over the
-                 * whole context, the output projection and the MLP */
-                TRY(kvz_cuda_kvzip_score(s, n, c->n_head, a->qkv, nqkv, a->pos, &cc->L[l], sa->n_prefix, c0, c1,
-                                         sa->rep0, sc, sa->n_ctx, cc->score_ws, cc->score_ws_bytes));
-                break;
+            const int32_t ctx_end = sa->n_prefix + sa->n_ctx;
+            const int last = l == c->n_layer - 1;
+            for (int32_t i = 0; i < sa->n_ch; i++) {
+                const kvz_repeat_chunk *k = &sa->ch[i];
+                const kvz_cuda_kvzip_rows rows = {sa->n_prefix, sa->n_prefix + k->c0, sa->n_prefix + k->c1, ctx_end,
+                                                  ctx_end + sa->r0[i], ctx_end + sa->r0[i] + k->n};
+                const bf16 *q = a->qkv + (size_t)sa->r0[i] * nqkv;
+                const int32_t *qp = a->pos + sa->r0[i];
+                float *sc = cc->scores + (size_t)l * nkv * sa->n_ctx + k->c0;
+                if (last) {
+                    /* last layer: its scores are all the repeat pass still needs, so score over
+                     * the key subset alone (two passes over K̄) and skip the attention over the
+                     * whole context, the output projection and the MLP */
+                    TRY(kvz_cuda_kvzip_score(s, k->n, c->n_head, q, nqkv, qp, &cc->L[l], &rows, sc, sa->n_ctx,
+                                             cc->score_ws, cc->score_ws_bytes, a->att + (size_t)sa->r0[i] * qd, qd));
+                    continue;
+                }
+                /* the attention the hidden states need, with the subset statistics fused in;
+                 * then one pass over the chunk keys */
+                TRY(kvz_cuda_attn_prefill_kvzip(s, k->n, c->n_head, q, nqkv, qp, &cc->L[l],
+                                                a->att + (size_t)sa->r0[i] * qd, qd, &rows, cc->score_ws,
+                                                cc->score_ws_bytes));
+                TRY(kvz_cuda_kvzip_score_fused(s, k->n, c->n_head, q, nqkv, qp, &cc->L[l], rows.c0, rows.c1, sc,
+                                               sa->n_ctx, cc->score_ws, cc->score_ws_bytes));
             }
-            /* the attention the hidden states need, with the subset statistics fused in;
-             * then one pass over the chunk keys */
-            TRY(kvz_cuda_attn_prefill_kvzip(s, n, c->n_head, a->qkv, nqkv, a->pos, &cc->L[l], a->att, qd,
-                                            sa->n_prefix, c0, c1, sa->rep0, cc->score_ws, cc->score_ws_bytes));
-            TRY(kvz_cuda_kvzip_score_fused(s, n, c->n_head, a->qkv, nqkv, a->pos, &cc->L[l], c0, c1, sc, sa->n_ctx,
-                                           cc->score_ws, cc->score_ws_bytes));
+            if (last) break;
         } else {
             TRY(attention(m, kv, l, n, a, !doc, want_evict, graph));
         }
@@ -1069,8 +1084,12 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
         act_view a;
         TRY(ensure_act(kv, n, &a));
         KVZ_CUDA_TRY(cudaMemcpyAsync(a.tok, tokens, (size_t)n * 4, cudaMemcpyHostToDevice, s));
-        iota_kernel<<<(n + 255) / 256, 256, 0, s>>>(a.pos, pos0, n);
-        KVZ_LAUNCH_CHECK("iota");
+        if (sa) {
+            KVZ_CUDA_TRY(cudaMemcpyAsync(a.pos, sa->pos, (size_t)n * 4, cudaMemcpyHostToDevice, s));
+        } else {
+            iota_kernel<<<(n + 255) / 256, 256, 0, s>>>(a.pos, pos0, n);
+            KVZ_LAUNCH_CHECK("iota");
+        }
         TRY(layers_enqueue(m, kv, n, pos0, &a, doc, slot0, want_evict, 0, &newest, sa));
         if (want != KVZ_FWD_NO_LOGITS && logits) {
             const int32_t first = want == KVZ_FWD_LOGITS_ALL ? 0 : n - 1;
@@ -1154,17 +1173,24 @@ extern "C" int kvz_cuda_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens,
 /* ====================================================================== */
 /* KVzip on the device                                                      */
 
-extern "C" int kvz_cuda_kvzip_repeat(kvz_model *m, kvz_kv *kv, const int32_t *rep, int32_t n,
-                                     int32_t pos0, int32_t n_prefix, int32_t c0, int32_t c1,
-                                     float *scores, int32_t n_ctx)
+extern "C" int kvz_cuda_kvzip_repeat(kvz_model *m, kvz_kv *kv, const int32_t *tokens, const kvz_repeat_chunk *ch,
+                                     int32_t n_ch, int32_t pos0, int32_t n_prefix, float *scores, int32_t n_ctx)
 {
     const kvz_config *c = &m->cfg;
     kvz_cuda_cache *cc = kv->cuda;
     if (!cc || kv->out_slots) return kvz_error_set(KVZ_ERR_ARG, "kvzip: needs a device cache without output buffer");
     if (c->head_dim != 64 && c->head_dim != 128)
         return kvz_error_set(KVZ_ERR_UNSUPPORTED, "CUDA KVzip scoring needs head_dim 64 or 128");
-    if (n <= 0 || n > KVZ_GPU_MAX_BATCH || n_prefix < 0 || n_ctx <= 0 || c0 < 0 || c0 > c1 || c1 > n_ctx)
-        return kvz_error_set(KVZ_ERR_ARG, "kvzip_repeat: bad lengths (n=%d, chunk %d..%d of %d)", n, c0, c1, n_ctx);
+    int64_t n = 0;
+    for (int32_t i = 0; i < n_ch; i++) {
+        if (ch[i].n <= 0 || ch[i].c0 < 0 || ch[i].c0 > ch[i].c1 || ch[i].c1 > n_ctx)
+            return kvz_error_set(KVZ_ERR_ARG, "kvzip_repeat: bad chunk %d (%d tokens, context %d..%d of %d)", i,
+                                 ch[i].n, ch[i].c0, ch[i].c1, n_ctx);
+        n += ch[i].n;
+    }
+    if (n_ch <= 0 || n > KVZ_GPU_MAX_BATCH || n_prefix < 0 || n_ctx <= 0)
+        return kvz_error_set(KVZ_ERR_ARG, "kvzip_repeat: %d chunks of %lld tokens in all (at most %d per pass)",
+                             n_ch, (long long)n, KVZ_GPU_MAX_BATCH);
     const size_t nlh = (size_t)c->n_layer * c->n_kv_head;
     for (size_t i = 0; i < nlh; i++)
         if (kv->len[i] != (int64_t)n_prefix + n_ctx)
@@ -1178,7 +1204,9 @@ extern "C" int kvz_cuda_kvzip_repeat(kvz_model *m, kvz_kv *kv, const int32_t *re
         cc->scores_n = N;
         KVZ_CUDA_TRY(cudaMemsetAsync(cc->scores, 0, (size_t)N * 4, m->cuda->s));
     }
-    const size_t wsb = kvz_cuda_kvzip_score_ws_size(n, c->n_head);
+    int32_t longest = 0;
+    for (int32_t i = 0; i < n_ch; i++) longest = ch[i].n > longest ? ch[i].n : longest;
+    const size_t wsb = kvz_cuda_kvzip_score_ws_size(longest, c->n_head); /* chunks run one after another */
     if (wsb > cc->score_ws_bytes) {
         dfree(cc->score_ws);
         cc->score_ws = NULL;
@@ -1186,11 +1214,23 @@ extern "C" int kvz_cuda_kvzip_repeat(kvz_model *m, kvz_kv *kv, const int32_t *re
         TRY(dmalloc(&cc->score_ws, wsb, "kvzip score workspace"));
         cc->score_ws_bytes = wsb;
     }
-    score_args sa = {n_prefix, c0, c1, n_prefix + n_ctx, n_ctx};
-    TRY(forward(m, kv, rep, n, pos0, NULL, KVZ_FWD_NO_LOGITS | KVZ_FWD_DISCARD, &sa));
-    if (scores && c1 > c0)
-        KVZ_CUDA_TRY(cudaMemcpy2DAsync(scores + c0, (size_t)n_ctx * 4, cc->scores + c0, (size_t)n_ctx * 4,
-                                       (size_t)(c1 - c0) * 4, nlh, cudaMemcpyDeviceToHost, m->cuda->s));
+    int32_t *r0 = (int32_t *)malloc(sizeof(int32_t) * ((size_t)n_ch + (size_t)n));
+    if (!r0) return KVZ_ERR_NOMEM;
+    int32_t *pos = r0 + n_ch;
+    for (int32_t i = 0, r = 0; i < n_ch; r += ch[i].n, i++) {
+        r0[i] = r;
+        for (int32_t j = 0; j < ch[i].n; j++) pos[r + j] = pos0 + j;
+    }
+    const score_args sa = {n_prefix, n_ctx, n_ch, ch, r0, pos};
+    int rc = forward(m, kv, tokens, (int32_t)n, pos0, NULL, KVZ_FWD_NO_LOGITS | KVZ_FWD_DISCARD, &sa);
+    free(r0);
+    TRY(rc);
+    if (scores)
+        for (int32_t i = 0; i < n_ch; i++)
+            if (ch[i].c1 > ch[i].c0)
+                KVZ_CUDA_TRY(cudaMemcpy2DAsync(scores + ch[i].c0, (size_t)n_ctx * 4, cc->scores + ch[i].c0,
+                                               (size_t)n_ctx * 4, (size_t)(ch[i].c1 - ch[i].c0) * 4, nlh,
+                                               cudaMemcpyDeviceToHost, m->cuda->s));
     KVZ_CUDA_TRY(cudaStreamSynchronize(m->cuda->s));
     return 0;
 }
@@ -1213,8 +1253,8 @@ static int64_t kvzip_select(kvz_kv *kv, int32_t n_prefix, int32_t n_ctx, float r
     uint8_t *d_keep = NULL;
     int32_t *d_counts = NULL;
     void *ws = NULL;
-    bf16 *nk = NULL, *nv = NULL;
-    int32_t *npos = NULL;
+    bf16 *sk = NULL, *sv = NULL;
+    int32_t *spos = NULL;
     int32_t *hc = (int32_t *)malloc(nlh * sizeof(int32_t));
     int64_t kept = 0;
     int rc = hc ? 0 : KVZ_ERR_NOMEM;
@@ -1233,17 +1273,19 @@ static int64_t kvzip_select(kvz_kv *kv, int32_t n_prefix, int32_t n_ctx, float r
         rc = kvz_error_set(KVZ_ERR_ARG, "unknown eviction mode %d", mode);
     }
     if (!rc) rc = kvz_cuda_keep_counts(s, d_keep, (int)nlh, n_ctx, d_counts);
-    /* compact into fresh arrays of the same capacity, then swap them in */
-    const size_t hd = (size_t)c->head_dim, cap = (size_t)kv->cap, rows = nlh * cap;
-    if (!rc) rc = dmalloc((void **)&nk, rows * hd * 2, "compacted K");
-    if (!rc) rc = dmalloc((void **)&nv, rows * hd * 2, "compacted V");
-    if (!rc) rc = dmalloc((void **)&npos, rows * 4, "compacted pos");
+    /* compact layer by layer through a scratch layer of prefix + context rows per head,
+     * then copy the kept rows back: the cache keeps its buffers (a fresh cache-sized
+     * pair of arrays cost ~4 ms of cudaMalloc/cudaFree per document even at 2K tokens) */
+    const size_t hd = (size_t)c->head_dim, rows_s = (size_t)c->n_kv_head * (size_t)(n_prefix + n_ctx);
+    kvz_cuda_kv tmp = cc->L[0];
+    tmp.cap = n_prefix + n_ctx;
+    if (!rc) rc = dmalloc((void **)&sk, rows_s * hd * 2, "compaction scratch K");
+    if (!rc) rc = dmalloc((void **)&sv, rows_s * hd * 2, "compaction scratch V");
+    if (!rc) rc = dmalloc((void **)&spos, rows_s * 4 + (size_t)c->n_kv_head * 4, "compaction scratch pos");
+    tmp.k = sk; tmp.v = sv; tmp.pos = spos; tmp.len = spos + rows_s;
     for (int32_t l = 0; l < c->n_layer && !rc; l++) {
-        kvz_cuda_kv dst = cc->L[l];
-        dst.k = nk + (size_t)l * c->n_kv_head * cap * hd;
-        dst.v = nv + (size_t)l * c->n_kv_head * cap * hd;
-        dst.pos = npos + (size_t)l * c->n_kv_head * cap;
-        rc = kvz_cuda_kv_compact(s, &cc->L[l], n_prefix, n_ctx, d_keep + (size_t)l * c->n_kv_head * n_ctx, &dst);
+        rc = kvz_cuda_kv_compact(s, &cc->L[l], n_prefix, n_ctx, d_keep + (size_t)l * c->n_kv_head * n_ctx, &tmp);
+        if (!rc) rc = kvz_cuda_kv_copy(s, &tmp, &cc->L[l], n_prefix + n_ctx);
     }
     if (!rc && cudaMemcpyAsync(hc, d_counts, nlh * 4, cudaMemcpyDeviceToHost, s) != cudaSuccess)
         rc = kvz_error_set(KVZ_ERR_CUDA, "kvzip_select: counts copy failed");
@@ -1252,18 +1294,13 @@ static int64_t kvzip_select(kvz_kv *kv, int32_t n_prefix, int32_t n_ctx, float r
     if (!rc && cudaStreamSynchronize(s) != cudaSuccess)
         rc = kvz_error_set(KVZ_ERR_CUDA, "kvzip_select: %s", cudaGetErrorString(cudaGetLastError()));
     if (!rc) {
-        dfree(cc->k); dfree(cc->v); dfree(cc->pos);
-        cc->k = nk; cc->v = nv; cc->pos = npos;
-        nk = nv = NULL;
-        npos = NULL;
-        cache_views(kv);
         for (size_t i = 0; i < nlh; i++) {
             kv->len[i] = (int64_t)n_prefix + hc[i];
             if (counts) counts[i] = (uint32_t)hc[i];
         }
         rc = kvz_cuda_kv_sync(kv, 0);
     }
-    dfree(d_keep); dfree(d_counts); dfree(ws); dfree(nk); dfree(nv); dfree(npos);
+    dfree(d_keep); dfree(d_counts); dfree(ws); dfree(sk); dfree(sv); dfree(spos);
     free(hc);
     return rc ? rc : kept;
 }

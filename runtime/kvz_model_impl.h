@@ -91,15 +91,22 @@ int kvz_cuda_kv_set_layer(kvz_kv *kv, int32_t layer, const uint32_t *counts, con
                           const float *k, const float *v);
 int kvz_cuda_kv_get_head(const kvz_kv *kv, int32_t layer, int32_t head, float *k, float *v,
                          int32_t *pos);
-/* KVzip repeat pass on the device (DESIGN §3 step 2-3): runs the @p n repeat tokens
- * at positions pos0.. with DISCARD (their KV is dropped afterwards) and, per layer,
- * the fused kvz_cuda_kvzip_score kernel over prefix rows [0, n_prefix), chunk rows
- * [n_prefix + c0, n_prefix + c1) and the repeat rows (no attention matrix in HBM).
- * Scores of context tokens [c0, c1) land in a device array (n_layer, n_kv, n_ctx)
- * kept with the cache and are copied to the host @p scores (same shape).
- * The cache must hold exactly n_prefix + n_ctx rows in every head (uniform). */
-int kvz_cuda_kvzip_repeat(kvz_model *m, kvz_kv *kv, const int32_t *rep, int32_t n, int32_t pos0,
-                          int32_t n_prefix, int32_t c0, int32_t c1, float *scores, int32_t n_ctx);
+/* KVzip repeat passes on the device (DESIGN §3 step 2-3), several chunks in one batch:
+ * @p tokens holds the repeat inputs of @p n_ch chunks one after another (chunk i has
+ * ch[i].n tokens and scores context tokens [ch[i].c0, ch[i].c1)); each input sits at
+ * positions pos0.. and attends to the document and to itself only (never to another
+ * chunk's input), so a batch computes exactly what one pass per chunk would. The
+ * linear layers run once over the whole batch; per layer and chunk the attention
+ * accumulates the KVzip subset statistics and a fused kernel scores the chunk (no
+ * attention matrix in HBM). The repeat KV is discarded. Scores land in a device array
+ * (n_layer, n_kv, n_ctx) kept with the cache and are copied to the host @p scores
+ * (same shape; may be NULL). The cache must hold exactly n_prefix + n_ctx rows in
+ * every head, with room for the batch after them. */
+typedef struct kvz_repeat_chunk {
+    int32_t n, c0, c1;
+} kvz_repeat_chunk;
+int kvz_cuda_kvzip_repeat(kvz_model *m, kvz_kv *kv, const int32_t *tokens, const kvz_repeat_chunk *ch,
+                          int32_t n_ch, int32_t pos0, int32_t n_prefix, float *scores, int32_t n_ctx);
 /* Selection + compaction on the device from the scores kvz_cuda_kvzip_repeat left:
  * global (radix top-k) or per-head uniform top-k of round(N·ratio) pairs, then the
  * cache is compacted in place (prefix + kept rows, order kept) so kvz_kv_get_head

@@ -659,29 +659,39 @@ static void test_rope_kv(int hd, int layout, int qknorm, int mode)
     cudaFree(dq); cudaFree(dp); cudaFree(dfill); cudaFree(dev); cudaFree(dqw); cudaFree(dkw);
 }
 
-/* KVzip score: full cache [prefix | context | repeat], chunk [c0,c1) */
-static void test_score(int hd, int n_kv, int G)
+/* KVzip score: cache [prefix | context | Ra repeat rows of another chunk | the R repeat
+ * rows of this one], chunk [c0,c1). Both repeat inputs sit at positions ctx_end.., so
+ * the other chunk's rows are visible by position and must be skipped by row range
+ * (a batched repeat pass); Ra = 0 is the one-chunk layout. low: the repeat queries sit
+ * at positions inside the chunk, so some chunk keys are in their future (the masked
+ * path of the score kernels; a real repeat pass always comes after the context). */
+static void test_score(int hd, int n_kv, int G, int Ra, int R, int low)
 {
-    int nh = n_kv * G, n_prefix = 21, n_ctx = 300, R = 70;
-    int rep0 = n_prefix + n_ctx, L = rep0 + R, cap = L + 5;
+    int nh = n_kv * G, n_prefix = 21, n_ctx = 300;
+    int ctx_end = n_prefix + n_ctx, rep0 = ctx_end + Ra, L = rep0 + R, cap = L + 5;
     int lens[16];
     for (int h = 0; h < n_kv; h++) lens[h] = L;
     host_kv c;
     kv_build(&c, n_kv, cap, hd, lens, L); /* positions 0..L-1 */
-    int c0 = n_prefix + 37, c1 = n_prefix + 251;
+    const int qbase = low ? n_prefix + 150 : ctx_end;
+    for (int h = 0; h < n_kv; h++)
+        for (int j = ctx_end; j < L; j++) c.pos[(size_t)h * cap + j] = qbase + (j < rep0 ? j - ctx_end : j - rep0);
+    CU(cudaMemcpy(c.d.pos, c.pos, (size_t)n_kv * cap * 4, cudaMemcpyHostToDevice));
+    const kvz_cuda_kvzip_rows rows = {n_prefix, n_prefix + 37, n_prefix + 251, ctx_end, rep0, L};
+    int c0 = rows.c0, c1 = rows.c1;
     size_t nq = (size_t)R * nh * hd;
     float *qf = malloc(nq * 4); uint16_t *qb = malloc(nq * 2);
     fill_bf(qf, qb, nq, 2.f);
     int32_t *qpos = malloc(R * 4);
-    for (int i = 0; i < R; i++) qpos[i] = rep0 + i;
+    for (int i = 0; i < R; i++) qpos[i] = qbase + i;
     void *dq = dup_to_dev(qb, nq * 2);
     int32_t *dqpos = dup_to_dev(qpos, R * 4);
     int ld_score = n_ctx + 3;
     float *dsc = dalloc((size_t)n_kv * ld_score * 4);
     size_t wsb = kvz_cuda_kvzip_score_ws_size(R, nh);
     void *ws = dalloc(wsb);
-    API(kvz_cuda_kvzip_score(g_s, R, nh, dq, nh * hd, dqpos, &c.d, n_prefix, c0, c1, rep0,
-                             dsc + (c0 - n_prefix), ld_score, ws, wsb));
+    API(kvz_cuda_kvzip_score(g_s, R, nh, dq, nh * hd, dqpos, &c.d, &rows, dsc + (c0 - n_prefix), ld_score, ws,
+                             wsb, NULL, 0));
     float *sc = malloc((size_t)n_kv * ld_score * 4);
     to_host(sc, dsc, (size_t)n_kv * ld_score * 4);
     int nc = c1 - c0;
@@ -695,7 +705,7 @@ static void test_score(int hd, int n_kv, int G)
                 const float *q = qf + ((size_t)i * nh + h * G + g) * hd;
                 double m = -INFINITY, l = 0;
                 for (int j = 0; j < L; j++) {
-                    int in = j < n_prefix || (j >= c0 && j < c1) || (j >= rep0 && c.pos[(size_t)h * cap + j] <= qpos[i]);
+                    int in = (j < n_prefix || (j >= c0 && j < c1) || j >= rep0) && c.pos[(size_t)h * cap + j] <= qpos[i];
                     if (!in) { s[j] = -INFINITY; continue; }
                     double d = 0;
                     for (int e = 0; e < hd; e++) d += (double)q[e] * c.k[((size_t)h * cap + j) * hd + e];
@@ -721,28 +731,40 @@ static void test_score(int hd, int n_kv, int G)
         }
     CHECKF(touched == 0, "score wrote outside its columns: %d", touched);
     char name[96];
-    snprintf(name, sizeof name, "kvzip score hd=%d G=%d R=%d chunk[%d,%d)", hd, G, R, c0, c1);
+    snprintf(name, sizeof name, "kvzip score hd=%d G=%d R=%d+%d chunk[%d,%d)%s", hd, G, Ra, R, c0, c1, low ? " low" : "");
+    CHECK_ERR(name, rel_err_d(got, ref, (size_t)n_kv * nc), 1e-4);
+
+    /* the same with a scratch output: the first pass runs as attention over K̄ */
+    void *dout = dalloc(nq * 2);
+    CU(cudaMemset(dsc, 0xff, (size_t)n_kv * ld_score * 4));
+    API(kvz_cuda_kvzip_score(g_s, R, nh, dq, nh * hd, dqpos, &c.d, &rows, dsc + (c0 - n_prefix), ld_score, ws,
+                             wsb, dout, nh * hd));
+    to_host(sc, dsc, (size_t)n_kv * ld_score * 4);
+    for (int h = 0; h < n_kv; h++)
+        for (int j = 0; j < nc; j++) got[(size_t)h * nc + j] = sc[(size_t)h * ld_score + (c0 - n_prefix) + j];
+    snprintf(name, sizeof name, "kvzip score (scratch) hd=%d G=%d R=%d+%d%s", hd, G, Ra, R, low ? " low" : "");
     CHECK_ERR(name, rel_err_d(got, ref, (size_t)n_kv * nc), 1e-4);
 
     /* the fused path: repeat-pass attention leaves (m, l̄), then one pass over the chunk */
-    void *dout = dalloc(nq * 2);
     CU(cudaMemset(dsc, 0xff, (size_t)n_kv * ld_score * 4));
     CU(cudaMemset(ws, 0xff, wsb));
-    API(kvz_cuda_attn_prefill_kvzip(g_s, R, nh, dq, nh * hd, dqpos, &c.d, dout, nh * hd, n_prefix, c0, c1,
-                                    rep0, ws, wsb));
+    API(kvz_cuda_attn_prefill_kvzip(g_s, R, nh, dq, nh * hd, dqpos, &c.d, dout, nh * hd, &rows, ws, wsb));
     API(kvz_cuda_kvzip_score_fused(g_s, R, nh, dq, nh * hd, dqpos, &c.d, c0, c1, dsc + (c0 - n_prefix),
                                    ld_score, ws, wsb));
     to_host(sc, dsc, (size_t)n_kv * ld_score * 4);
     for (int h = 0; h < n_kv; h++)
         for (int j = 0; j < nc; j++) got[(size_t)h * nc + j] = sc[(size_t)h * ld_score + (c0 - n_prefix) + j];
-    snprintf(name, sizeof name, "kvzip fused score hd=%d G=%d R=%d chunk[%d,%d)", hd, G, R, c0, c1);
+    snprintf(name, sizeof name, "kvzip fused score hd=%d G=%d R=%d+%d chunk[%d,%d)%s", hd, G, Ra, R, c0, c1,
+             low ? " low" : "");
     CHECK_ERR(name, rel_err_d(got, ref, (size_t)n_kv * nc), 1e-4);
     float *o = bf_to_host(dout, nq);
     double *oref = malloc(nq * 8);
+    for (int h = 0; h < n_kv; h++) /* the reference skips the other chunk's rows by position */
+        for (int j = ctx_end; j < rep0; j++) c.pos[(size_t)h * cap + j] = 0x7fffffff;
     for (int i = 0; i < R; i++)
         for (int hq = 0; hq < nh; hq++)
             attn_ref(&c, NULL, qf + ((size_t)i * nh + hq) * hd, qpos[i], hq, G, oref + ((size_t)i * nh + hq) * hd, NULL);
-    snprintf(name, sizeof name, "kvzip fused attention output hd=%d G=%d R=%d", hd, G, R);
+    snprintf(name, sizeof name, "kvzip fused attention output hd=%d G=%d R=%d+%d", hd, G, Ra, R);
     CHECK_ERR(name, rel_err_d(o, oref, nq), TOL_BF);
     free(o); free(oref); cudaFree(dout);
     free(qf); free(qb); free(qpos); free(sc); free(ref); free(got); free(s);
@@ -935,8 +957,13 @@ int main(void)
     test_linear_rmsnorm_swiglu(bl, 576, 1536);
     for (int hd = 64; hd <= 128; hd += 64)
         for (int mode = 0; mode < 4; mode++) test_rope_kv(hd, mode & 1, hd == 64 && mode < 2, mode);
-    test_score(64, 3, 3);
-    test_score(128, 4, 4);
+    test_score(64, 3, 3, 0, 70, 0);
+    test_score(128, 4, 4, 0, 70, 0);
+    test_score(64, 3, 3, 45, 70, 0);   /* batched: another chunk's repeat rows before ours */
+    test_score(128, 4, 4, 45, 70, 0);
+    test_score(128, 4, 4, 0, 70, 1);   /* chunk keys after some queries: masked score path */
+    test_score(64, 3, 3, 30, 70, 1);
+    test_score(128, 8, 4, 20, 300, 0); /* 10 query tiles: the score kernel splits them */
     test_topk(30, 3, 1000, 1, 0.3);
     test_topk(32, 8, 8192, 0, 0.3);
     test_topk(7, 2, 333, 1, 0.77);

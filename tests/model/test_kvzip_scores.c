@@ -84,7 +84,7 @@ int main(void)
     float *sc = malloc(N * sizeof(float));
     for (size_t i = 0; i < N; i++) sc[i] = -1.0f; /* poison: every score must be written */
     kvz_kv *kv;
-    REQUIRE(kvz_kv_create(m, kvz_kvzip_cache_rows(tok, (int32_t)np, (int32_t)nc, &kp), 0, &kv) == 0);
+    REQUIRE(kvz_kv_create(m, kvz_kvzip_cache_rows(m, (int32_t)np, (int32_t)nc, &kp), 0, &kv) == 0);
     double t0 = kvz_now();
     REQUIRE(kvz_kvzip_score(m, kv, pre.ids, (int32_t)np, ctx.ids, (int32_t)nc, &kp, sc, NULL, NULL) == 0);
     printf("scored %u context tokens in %.2f s\n", nc, kvz_now() - t0);
