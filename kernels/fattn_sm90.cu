@@ -1,5 +1,5 @@
 /* Flash attention on Hopper warpgroup MMA (sm_90a): the prefill output (with the
- * KVzip subset statistics fused in) and the KVzip chunk score. See fattn.cu for the
+ * KVzip subset statistics fused in) and the key-major KVzip chunk score. See fattn.cu for the
  * mma.sync kernels these replace on Hopper and the modes' definitions. */
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +30,7 @@ template <int HD> struct f9_layout {
     static constexpr int KPOS = KV0 + 4 * TB;   /* int[2][BN] */
     static constexpr int KSUB = KPOS + 2 * F9_BN * 4; /* float[2][BN] */
     static constexpr int SEG = KSUB + 2 * F9_BN * 4;  /* seg_lo[4] seg_n[4] seg_t0[5] scratch */
-    static constexpr int RED = SEG + 16 * 4;          /* FA_SCORE: m, 1/l, qpos of the block's rows */
-    static constexpr int TOTAL = RED + 3 * F9_BM * 4;
+    static constexpr int TOTAL = SEG + 16 * 4;
     static constexpr int ALLOC = TOTAL + 1024; /* room to align the base to 1024 */
 };
 
@@ -49,10 +48,9 @@ __global__ void fa9_probe_kernel(int *out)
 #endif
 }
 
-template <int HD, int MODE, bool SUB>
+template <int HD, bool SUB>
 __global__ void __launch_bounds__(F9_THREADS, 1) fa9_kernel(const fa_params p)
 {
-    static_assert(MODE == FA_OUT || (MODE == FA_SCORE && !SUB), "fa9: FA_OUT (+SUB) or FA_SCORE");
 #ifdef KVZ_HAVE_WGMMA
     using LY = f9_layout<HD>;
     constexpr int CPR = HD / 8; /* 16-byte chunks per row */
@@ -106,7 +104,7 @@ __global__ void __launch_bounds__(F9_THREADS, 1) fa9_kernel(const fa_params p)
             size_t go = ok ? (size_t)r * HD + c * 8 : 0;
             int so = f9_swz(r, c, F9_BN);
             kvz_cp_async16(kd + so, kb + go, ok);
-            if (MODE == FA_OUT) kvz_cp_async16(vd + so, vb + go, ok);
+            kvz_cp_async16(vd + so, vb + go, ok);
         }
         for (int r = tid; r < F9_BN; r += F9_THREADS) {
             int kp = INT_MAX;
@@ -131,27 +129,6 @@ __global__ void __launch_bounds__(F9_THREADS, 1) fa9_kernel(const fa_params p)
 #pragma unroll
     for (int i = 0; i < F9_BN / 2; i++) sc[i] = 0.f;
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f, ls_a = 0.f, ls_b = 0.f;
-    /* FA_SCORE works transposed: Sᵀ = K·Qᵀ, keys as the M rows (64 per warpgroup) and
-     * the block's 128 query rows as N, so the max over queries is mostly in-thread.
-     * Per query column: its statistics (m, 1/l) and position, in shared memory. */
-    float *qm = (float *)(sm + LY::RED), *qil = qm + F9_BM;
-    int *qp_s = (int *)(qil + F9_BM);
-    if (MODE == FA_SCORE) {
-        for (int r = tid; r < F9_BM; r += F9_THREADS) {
-            const int row = r0 + r;
-            float m = 0.f, il = 0.f;
-            int qp = -1;
-            if (row < nrows) {
-                const size_t i = ((size_t)(row / p.G) * p.n_head + h * p.G + row % p.G) * 2;
-                const float l = p.ml[i + 1];
-                if (l > 0.f) { m = p.ml[i]; il = 1.f / l; }
-                qp = p.qpos[row / p.G];
-            }
-            qm[r] = m; qil[r] = il; qp_s[r] = qp;
-        }
-        /* visible before the first tile's use: the loop's first barrier */
-    }
-    int row0_cur = 0;
 
     if (n_tiles > 0) load_tile(0, 0);
     kvz_cp_commit(); /* Q (+ tile 0) */
@@ -160,55 +137,10 @@ __global__ void __launch_bounds__(F9_THREADS, 1) fa9_kernel(const fa_params p)
         kvz_cp_wait<0>();
         kvz_fence_proxy_async();
         __syncthreads(); /* tile `it` visible; everyone is done with the other stage */
-        if (MODE == FA_SCORE) { /* this tile's first cache row (for the score column) */
-            int s = 0;
-            while (s + 1 < n_segs && it >= seg[8 + s + 1]) s++;
-            row0_cur = seg[s] + (it - seg[8 + s]) * F9_BN;
-        }
         if (it + 1 < n_tiles) { load_tile(it + 1, buf ^ 1); kvz_cp_commit(); }
 
         const uint32_t kaddr = sbase + LY::KV0 + buf * 2 * LY::TB;
         const int *kp_t = kpos_s + buf * F9_BN;
-        if (MODE == FA_SCORE) {
-            /* Sᵀ = K Qᵀ: this warpgroup's 64 keys × the block's 128 query rows */
-            kvz_wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                uint64_t da = kvz_wg_desc(kaddr + (kk >> 2) * (F9_BN * 128) + wg * 64 * 128 + (kk & 3) * 32, 16, 1024);
-                uint64_t db = kvz_wg_desc(sbase + LY::Q + (kk >> 2) * (F9_BM * 128) + (kk & 3) * 32, 16, 1024);
-                kvz_wg_m64n128k16_ss(sc, da, db, kk > 0);
-            }
-            kvz_wg_commit();
-            kvz_wg_wait<0>();
-            kvz_wg_reg_fence(sc);
-            /* p = exp2(s - m)·(1/l) for visible pairs; max over the query columns */
-            const int ka = wg * 64 + wq * 16 + gq, kb = ka + 8;
-            const int kpa = kp_t[ka], kpb = kp_t[kb];
-            float va = 0.f, vb = 0.f;
-#pragma unroll
-            for (int j = 0; j < F9_BM / 8; j++) {
-                const int c = j * 8 + 2 * tq;
-                const float2 mm = *(const float2 *)&qm[c], il = *(const float2 *)&qil[c];
-                const int2 qq = *(const int2 *)&qp_s[c];
-                float x0 = kpa <= qq.x && il.x > 0.f ? exp2f(sc[4 * j + 0] * p.scale_log2 - mm.x) * il.x : 0.f;
-                float x1 = kpa <= qq.y && il.y > 0.f ? exp2f(sc[4 * j + 1] * p.scale_log2 - mm.y) * il.y : 0.f;
-                float x2 = kpb <= qq.x && il.x > 0.f ? exp2f(sc[4 * j + 2] * p.scale_log2 - mm.x) * il.x : 0.f;
-                float x3 = kpb <= qq.y && il.y > 0.f ? exp2f(sc[4 * j + 3] * p.scale_log2 - mm.y) * il.y : 0.f;
-                va = fmaxf(va, fmaxf(x0, x1));
-                vb = fmaxf(vb, fmaxf(x2, x3));
-            }
-            va = fmaxf(va, __shfl_xor_sync(0xffffffffu, va, 1));
-            va = fmaxf(va, __shfl_xor_sync(0xffffffffu, va, 2));
-            vb = fmaxf(vb, __shfl_xor_sync(0xffffffffu, vb, 1));
-            vb = fmaxf(vb, __shfl_xor_sync(0xffffffffu, vb, 2));
-            if (tq == 0) {
-                float *sc_row = p.score + (size_t)h * p.ld_score + (row0_cur - p.c0);
-                if (kpa != INT_MAX && va > 0.f) atomicMax((int *)&sc_row[ka], __float_as_int(va));
-                if (kpb != INT_MAX && vb > 0.f) atomicMax((int *)&sc_row[kb], __float_as_int(vb));
-            }
-            continue;
-        }
-
         /* S = Q Kᵀ (64 rows of this warpgroup × 128 keys) */
         kvz_wg_fence();
 #pragma unroll
@@ -297,7 +229,6 @@ __global__ void __launch_bounds__(F9_THREADS, 1) fa9_kernel(const fa_params p)
         kvz_wg_reg_fence(o);
     }
     kvz_cp_wait<0>();
-    if (MODE == FA_SCORE) return;
 
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
     l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
@@ -357,15 +288,213 @@ static int fa9_usable(void)
     return ok;
 }
 
-template <int HD, int MODE, bool SUB>
+template <int HD, bool SUB>
 static int fa9_launch(const fa_params &p, cudaStream_t s)
 {
-    auto kern = fa9_kernel<HD, MODE, SUB>;
+    auto kern = fa9_kernel<HD, SUB>;
     KVZ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, f9_layout<HD>::ALLOC));
     int nrows = p.T * p.G;
     dim3 grid((nrows + F9_BM - 1) / F9_BM, p.kv.n_kv);
     kern<<<grid, F9_THREADS, f9_layout<HD>::ALLOC, s>>>(p);
     KVZ_LAUNCH_CHECK("flash_attn_sm90");
+    return 0;
+}
+
+/* ========================================================================== */
+/* KVzip chunk score, key-major: score[key] = max over query rows of
+ * exp2(s·scale − m) / l = exp2(max over rows of (s·scale − m − log2 l)), so the max
+ * is taken on the exponent and one exp2 per key remains. A block owns 256 chunk keys
+ * of one KV head (128 per warpgroup: two m64 tiles, the M rows of Sᵀ = K·Qᵀ, kept in
+ * shared memory) and streams every qsplit-th 128-row query tile (with the rows' m, l
+ * and positions) through a 3-stage cp.async ring; each thread keeps its four keys'
+ * running max in registers. Blocks of the same keys (qsplit > 1 when there are too
+ * few key blocks for one per SM) meet in one atomicMax per key at the end. Key
+ * positions are checked only in tiles where some key is not visible to every row
+ * (never, for a repeat pass scoring its chunk). */
+#define KS_BK 256
+#define KS_BQ 128
+#define KS_STAGES 3
+#define KS_THREADS 256
+
+template <int HD> struct ks_layout {
+    static constexpr int TB = KS_BQ * HD * 2;
+    static constexpr int K = 0;                                 /* KS_BK keys */
+    static constexpr int Q0 = KS_BK * HD * 2;                   /* stage s at Q0 + s·TB */
+    static constexpr int ML = Q0 + KS_STAGES * TB;              /* float2[S][BQ]: the rows' (m, l), copied */
+    static constexpr int QP = ML + KS_STAGES * KS_BQ * 8;       /* int[S][BQ]: query positions, copied */
+    static constexpr int QM = QP + KS_STAGES * KS_BQ * 4;       /* float[S][BQ]: m + log2 l (+inf: no row) */
+    static constexpr int QMIN = QM + KS_STAGES * KS_BQ * 4;     /* int[S][4]: per-warp min position */
+    static constexpr int KPOS = QMIN + KS_STAGES * 4 * 4;       /* int[BK] */
+    static constexpr int TOTAL = KPOS + KS_BK * 4 + 16;         /* + the block's max key position */
+    static constexpr int ALLOC = TOTAL + 1024;
+};
+
+/* 4- or 8-byte async copy global → shared (through L1; the row statistics are tiny). */
+template <int BYTES> __device__ __forceinline__ void ks_cp_async(void *smem, const void *g)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(kvz_smem_addr(smem)), "l"(g), "n"(BYTES));
+}
+
+template <int HD>
+__global__ void __launch_bounds__(KS_THREADS, 1) ks9_kernel(const fa_params p, int qsplit)
+{
+#ifdef KVZ_HAVE_WGMMA
+    using LY = ks_layout<HD>;
+    constexpr int CPR = HD / 8;
+    extern __shared__ __align__(16) unsigned char ks_raw[];
+    unsigned char *sm = ks_raw + ((1024u - (kvz_smem_addr(ks_raw) & 1023u)) & 1023u);
+    const uint32_t sbase = kvz_smem_addr(sm);
+    float2 *ml_s = (float2 *)(sm + LY::ML);
+    float *qm_s = (float *)(sm + LY::QM);
+    int *qp_s = (int *)(sm + LY::QP), *qmin_s = (int *)(sm + LY::QMIN), *kpos_s = (int *)(sm + LY::KPOS);
+    int *kmax_s = kpos_s + KS_BK;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int h = blockIdx.y, nrows = p.T * p.G;
+    const int k0 = p.lo[0] + blockIdx.x * KS_BK, nk = min(KS_BK, p.hi[0] - k0);
+    const int n_qt = (nrows + KS_BQ - 1) / KS_BQ;
+
+    /* the block's keys and their positions (rows past the chunk: zero, never visible) */
+    const bf16 *kb = (const bf16 *)p.kv.k + ((size_t)h * p.kv.cap + k0) * HD;
+    for (int i = tid; i < KS_BK * CPR; i += KS_THREADS) {
+        int r = i / CPR, c = i % CPR;
+        bool ok = r < nk;
+        kvz_cp_async16(sm + LY::K + f9_swz(r, c, KS_BK), ok ? kb + (size_t)r * HD + c * 8 : kb, ok);
+    }
+    if (tid == 0) *kmax_s = INT_MIN;
+    __syncthreads();
+    {
+        int kp = INT_MAX;
+        if (tid < nk) {
+            kp = p.kv.pos[(size_t)h * p.kv.cap + k0 + tid];
+            if (kp < 0) kp = INT_MAX;
+        }
+        kpos_s[tid] = kp; /* KS_BK == KS_THREADS */
+        int mx = __reduce_max_sync(0xffffffffu, kp == INT_MAX ? INT_MIN : kp);
+        if (lane == 0) atomicMax(kmax_s, mx);
+    }
+    /* this block's i-th query tile → stage i % KS_STAGES: Q rows, the rows' (m, l) and
+     * positions, all async; past the last tile nothing (the group stays empty) */
+    auto load_q = [&](int i) {
+        const int qt = blockIdx.z + i * qsplit, st = i % KS_STAGES;
+        if (qt >= n_qt) return;
+        const int r0 = qt * KS_BQ;
+        unsigned char *qd = sm + LY::Q0 + st * LY::TB;
+#pragma unroll 4
+        for (int e = tid; e < KS_BQ * CPR; e += KS_THREADS) {
+            int r = e / CPR, c = e % CPR, row = r0 + r;
+            bool ok = row < nrows;
+            const bf16 *src = ok ? p.q + (size_t)(row / p.G) * p.ldq + (size_t)(h * p.G + row % p.G) * HD + c * 8 : p.q;
+            kvz_cp_async16(qd + f9_swz(r, c, KS_BQ), src, ok);
+        }
+        if (tid < KS_BQ) {
+            const int row = r0 + tid;
+            if (row < nrows) {
+                ks_cp_async<8>(&ml_s[st * KS_BQ + tid], p.ml + ((size_t)(row / p.G) * p.n_head + h * p.G + row % p.G) * 2);
+                ks_cp_async<4>(&qp_s[st * KS_BQ + tid], p.qpos + row / p.G);
+            } else { /* no row: l = 0 makes it lose everywhere; visible everywhere */
+                ml_s[st * KS_BQ + tid] = make_float2(0.f, 0.f);
+                qp_s[st * KS_BQ + tid] = INT_MAX;
+            }
+        }
+    };
+
+    const int n_my = blockIdx.z < n_qt ? (n_qt - 1 - blockIdx.z) / qsplit + 1 : 0;
+    const int ka = wg * 128 + wq * 16 + gq; /* this thread's keys: ka, ka + 8, ka + 64, ka + 72 */
+    float v[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, sc[2][KS_BQ / 2];
+#pragma unroll
+    for (int i = 0; i < KS_BQ / 2; i++) sc[0][i] = sc[1][i] = 0.f;
+    load_q(0);
+    kvz_cp_commit(); /* K + tile 0 */
+    load_q(1);
+    kvz_cp_commit();
+    for (int i = 0; i < n_my; i++) {
+        const int st = i % KS_STAGES;
+        kvz_cp_wait<1>(); /* everything but the newest group: tile i */
+        kvz_fence_proxy_async();
+        __syncthreads(); /* tile i visible; everyone is done with tile i-1's stage */
+        load_q(i + 2);
+        kvz_cp_commit();
+
+        kvz_wg_fence();
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint64_t da = kvz_wg_desc(sbase + LY::K + (kk >> 2) * (KS_BK * 128) + (wg * 128 + mt * 64) * 128 +
+                                              (kk & 3) * 32, 16, 1024);
+                uint64_t db = kvz_wg_desc(sbase + LY::Q0 + st * LY::TB + (kk >> 2) * (KS_BQ * 128) + (kk & 3) * 32, 16,
+                                          1024);
+                kvz_wg_m64n128k16_ss(sc[mt], da, db, kk > 0);
+            }
+        kvz_wg_commit();
+        if (tid < KS_BQ) { /* while the products run: m + log2 l and the tile's first position */
+            const float2 ml = ml_s[st * KS_BQ + tid];
+            qm_s[st * KS_BQ + tid] = ml.y > 0.f ? ml.x + __log2f(ml.y) : INFINITY;
+            const int mn = __reduce_min_sync(0xffffffffu, qp_s[st * KS_BQ + tid]);
+            if (lane == 0) qmin_s[st * 4 + warp] = mn;
+        }
+        kvz_wg_wait<0>();
+        kvz_wg_reg_fence(sc[0]);
+        kvz_wg_reg_fence(sc[1]);
+        __syncthreads(); /* qm, qmin of this tile */
+
+        const float *qm = qm_s + st * KS_BQ;
+        const int *qp = qp_s + st * KS_BQ, *qmn = qmin_s + st * 4;
+        const int qmin = min(min(qmn[0], qmn[1]), min(qmn[2], qmn[3]));
+        if (*kmax_s <= qmin) { /* every key of the block visible to every row of the tile */
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int j = 0; j < KS_BQ / 8; j++) {
+                    const float2 m2 = *(const float2 *)&qm[j * 8 + 2 * tq];
+                    const float *c4 = &sc[mt][4 * j];
+                    v[2 * mt] = fmaxf(v[2 * mt], fmaxf(fmaf(c4[0], p.scale_log2, -m2.x), fmaf(c4[1], p.scale_log2, -m2.y)));
+                    v[2 * mt + 1] = fmaxf(v[2 * mt + 1], fmaxf(fmaf(c4[2], p.scale_log2, -m2.x), fmaf(c4[3], p.scale_log2, -m2.y)));
+                }
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const int kpa = kpos_s[ka + 64 * mt], kpb = kpos_s[ka + 64 * mt + 8];
+#pragma unroll
+                for (int j = 0; j < KS_BQ / 8; j++) {
+                    const float2 m2 = *(const float2 *)&qm[j * 8 + 2 * tq];
+                    const int2 q2 = *(const int2 *)&qp[j * 8 + 2 * tq];
+                    const float *c4 = &sc[mt][4 * j];
+                    if (kpa <= q2.x) v[2 * mt] = fmaxf(v[2 * mt], fmaf(c4[0], p.scale_log2, -m2.x));
+                    if (kpa <= q2.y) v[2 * mt] = fmaxf(v[2 * mt], fmaf(c4[1], p.scale_log2, -m2.y));
+                    if (kpb <= q2.x) v[2 * mt + 1] = fmaxf(v[2 * mt + 1], fmaf(c4[2], p.scale_log2, -m2.x));
+                    if (kpb <= q2.y) v[2 * mt + 1] = fmaxf(v[2 * mt + 1], fmaf(c4[3], p.scale_log2, -m2.y));
+                }
+            }
+        }
+    }
+    kvz_cp_wait<0>();
+    float *row = p.score + (size_t)h * p.ld_score + (k0 - p.c0);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        float x = fmaxf(v[e], __shfl_xor_sync(0xffffffffu, v[e], 1));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+        const int key = ka + 64 * (e >> 1) + 8 * (e & 1);
+        const float pr = exp2f(x); /* exp2(-inf) = 0: no visible row */
+        if (tq == 0 && key < nk && pr > 0.f) atomicMax((int *)&row[key], __float_as_int(pr));
+    }
+#endif
+}
+
+template <int HD>
+static int ks9_launch(const fa_params &p, cudaStream_t s)
+{
+    auto kern = ks9_kernel<HD>;
+    KVZ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, ks_layout<HD>::ALLOC));
+    const int nk = p.hi[0] - p.lo[0], n_qt = (p.T * p.G + KS_BQ - 1) / KS_BQ;
+    const int kblocks = (nk + KS_BK - 1) / KS_BK * p.kv.n_kv;
+    /* one wave of one block per SM; each split still streams >= 4 query tiles */
+    int qsplit = kvz_cuda_sm_count() / kblocks;
+    qsplit = max(1, min(qsplit, n_qt / 4));
+    dim3 grid((nk + KS_BK - 1) / KS_BK, p.kv.n_kv, qsplit);
+    kern<<<grid, KS_THREADS, ks_layout<HD>::ALLOC, s>>>(p, qsplit);
+    KVZ_LAUNCH_CHECK("kvzip_score_sm90");
     return 0;
 }
 
@@ -485,7 +614,19 @@ fa10_kernel(const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUt
                 kpos_s[s * F9_BN + r] = kp;
                 if (SUB) ksub_s[s * F9_BN + r] = fl;
             }
-            if (lane == 0) nv_s[s] = nv;
+            int mode = 0; /* SUB: 1 every valid key of the tile in K̄, 2 some, 0 none */
+            if (SUB) {
+                bool all_in = true, any_in = false;
+#pragma unroll
+                for (int i = 0; i < F9_BN / 32; i++) {
+                    const int r = lane + 32 * i;
+                    const bool in = r < nv && ksub_s[s * F9_BN + r] != 0.f;
+                    all_in = all_in && (in || r >= nv);
+                    any_in = any_in || in;
+                }
+                mode = __all_sync(0xffffffffu, all_in) ? 1 : __any_sync(0xffffffffu, any_in) ? 2 : 0;
+            }
+            if (lane == 0) nv_s[s] = nv | mode << 16;
             __syncwarp();
             if (lane == 0) {
                 const int crow = h * p.kv.cap + row0;
@@ -587,15 +728,24 @@ fa10_kernel(const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUt
             sc[4 * j + 3] = exp2f(sc[4 * j + 3] - bb);
             sa += sc[4 * j + 0] + sc[4 * j + 1];
             sb += sc[4 * j + 2] + sc[4 * j + 3];
-            if (SUB) {
-                float2 f = *(const float2 *)&ksub_s[s * F9_BN + j * 8 + 2 * tq];
-                ssa += sc[4 * j + 0] * f.x + sc[4 * j + 1] * f.y;
-                ssb += sc[4 * j + 2] * f.x + sc[4 * j + 3] * f.y;
-            }
         }
         l_a = l_a * ala + sa;
         l_b = l_b * alb + sb;
-        if (SUB) { ls_a = ls_a * ala + ssa; ls_b = ls_b * alb + ssb; }
+        if (SUB) { /* per key only in tiles that straddle K̄'s edges */
+            const int mode = nv_s[s] >> 16;
+            if (mode == 2) {
+#pragma unroll
+                for (int j = 0; j < F9_BN / 8; j++) {
+                    float2 f = *(const float2 *)&ksub_s[s * F9_BN + j * 8 + 2 * tq];
+                    ssa += sc[4 * j + 0] * f.x + sc[4 * j + 1] * f.y;
+                    ssb += sc[4 * j + 2] * f.x + sc[4 * j + 3] * f.y;
+                }
+            } else if (mode == 1) {
+                ssa = sa; ssb = sb;
+            }
+            ls_a = ls_a * ala + ssa;
+            ls_b = ls_b * alb + ssb;
+        }
         m_a = mna; m_b = mnb;
 #pragma unroll
         for (int j = 0; j < HD / 8; j++) {
@@ -605,7 +755,7 @@ fa10_kernel(const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUt
 #pragma unroll
         for (int i = 0; i < F9_BN / 4; i++) pa[i] = kvz_pack_bf16(sc[2 * i], sc[2 * i + 1]);
         f10_wait(bar_full_v + 8 * s, par);
-        const int nv = nv_s[s];
+        const int nv = nv_s[s] & 0xffff;
         if (nv < F9_BN) {
             /* rows past the tile's end hold whatever the cache has there (even NaN):
              * P is 0 for them, but 0·NaN is not, so clear them. Both warpgroups write
@@ -719,13 +869,13 @@ static int fa10_launch(const fa_params &p, cudaStream_t s)
 int fa_sm90_dispatch(const fa_params &p, int mode, cudaStream_t s)
 {
     if (mode == FA_STATS || !fa9_usable() || p.ldq % 8 != 0 || ((uintptr_t)p.q & 15) != 0) return 1;
-    if (mode == FA_SCORE)
-        return p.kv.hd == 64 ? fa9_launch<64, FA_SCORE, false>(p, s) : fa9_launch<128, FA_SCORE, false>(p, s);
+    if (mode == FA_SCORE) /* one key segment: the chunk */
+        return p.kv.hd == 64 ? ks9_launch<64>(p, s) : ks9_launch<128>(p, s);
     if (!p.ob.k && p.kv.hd == 128) { /* warp-specialised TMA kernel; 1 = no tensor-map encoder */
         int rc = p.ml_sub ? fa10_launch<128, true>(p, s) : fa10_launch<128, false>(p, s);
         if (rc <= 0) return rc;
     }
     if (p.kv.hd == 64)
-        return p.ml_sub ? fa9_launch<64, FA_OUT, true>(p, s) : fa9_launch<64, FA_OUT, false>(p, s);
-    return p.ml_sub ? fa9_launch<128, FA_OUT, true>(p, s) : fa9_launch<128, FA_OUT, false>(p, s);
+        return p.ml_sub ? fa9_launch<64, true>(p, s) : fa9_launch<64, false>(p, s);
+    return p.ml_sub ? fa9_launch<128, true>(p, s) : fa9_launch<128, false>(p, s);
 }
