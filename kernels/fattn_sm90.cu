@@ -335,6 +335,8 @@ template <int BYTES> __device__ __forceinline__ void ks_cp_async(void *smem, con
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(kvz_smem_addr(smem)), "l"(g), "n"(BYTES));
 }
 
+static_assert(KS_BK == KS_THREADS && 2 * KS_BQ == KS_THREADS, "ks9: one thread per key, two per query row");
+
 template <int HD>
 __global__ void __launch_bounds__(KS_THREADS, 1) ks9_kernel(const fa_params p, int qsplit)
 {
@@ -380,12 +382,12 @@ __global__ void __launch_bounds__(KS_THREADS, 1) ks9_kernel(const fa_params p, i
         if (qt >= n_qt) return;
         const int r0 = qt * KS_BQ;
         unsigned char *qd = sm + LY::Q0 + st * LY::TB;
-#pragma unroll 4
-        for (int e = tid; e < KS_BQ * CPR; e += KS_THREADS) {
-            int r = e / CPR, c = e % CPR, row = r0 + r;
-            bool ok = row < nrows;
-            const bf16 *src = ok ? p.q + (size_t)(row / p.G) * p.ldq + (size_t)(h * p.G + row % p.G) * HD + c * 8 : p.q;
-            kvz_cp_async16(qd + f9_swz(r, c, KS_BQ), src, ok);
+        { /* two threads a row, half the row's 16-byte chunks each: one division per tile */
+            const int r = tid >> 1, row = r0 + r, c0 = (tid & 1) * (CPR / 2);
+            const bool ok = row < nrows;
+            const bf16 *src = ok ? p.q + (size_t)(row / p.G) * p.ldq + (size_t)(h * p.G + row % p.G) * HD : p.q;
+#pragma unroll
+            for (int c = c0; c < c0 + CPR / 2; c++) kvz_cp_async16(qd + f9_swz(r, c, KS_BQ), ok ? src + c * 8 : src, ok);
         }
         if (tid < KS_BQ) {
             const int row = r0 + tid;
@@ -443,15 +445,21 @@ __global__ void __launch_bounds__(KS_THREADS, 1) ks9_kernel(const fa_params p, i
         const int *qp = qp_s + st * KS_BQ, *qmn = qmin_s + st * 4;
         const int qmin = min(min(qmn[0], qmn[1]), min(qmn[2], qmn[3]));
         if (*kmax_s <= qmin) { /* every key of the block visible to every row of the tile */
+            float w[8]; /* two max chains per key (even / odd column blocks): half the dependent depth */
+#pragma unroll
+            for (int e = 0; e < 8; e++) w[e] = -INFINITY;
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int j = 0; j < KS_BQ / 8; j++) {
                     const float2 m2 = *(const float2 *)&qm[j * 8 + 2 * tq];
                     const float *c4 = &sc[mt][4 * j];
-                    v[2 * mt] = fmaxf(v[2 * mt], fmaxf(fmaf(c4[0], p.scale_log2, -m2.x), fmaf(c4[1], p.scale_log2, -m2.y)));
-                    v[2 * mt + 1] = fmaxf(v[2 * mt + 1], fmaxf(fmaf(c4[2], p.scale_log2, -m2.x), fmaf(c4[3], p.scale_log2, -m2.y)));
+                    float *wa = &w[4 * mt + (j & 1)], *wb = wa + 2;
+                    *wa = fmaxf(*wa, fmaxf(fmaf(c4[0], p.scale_log2, -m2.x), fmaf(c4[1], p.scale_log2, -m2.y)));
+                    *wb = fmaxf(*wb, fmaxf(fmaf(c4[2], p.scale_log2, -m2.x), fmaf(c4[3], p.scale_log2, -m2.y)));
                 }
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[e] = fmaxf(v[e], fmaxf(w[2 * e], w[2 * e + 1]));
         } else {
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
