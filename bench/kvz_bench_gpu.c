@@ -226,7 +226,6 @@ static void run_ingest(kvz_model *m, const int32_t *pre, int32_t np, const int32
     kvz_kvzip_defaults(&p);
     p.prefill_chunk = 8192;
     const size_t nlh = (size_t)c->n_layer * c->n_kv_head;
-    float *scores = malloc(sizeof(float) * nlh * (size_t)T);
     uint32_t *counts = malloc(sizeof(uint32_t) * nlh);
     kvz_kv *kv;
     const int64_t cap = kvz_kvzip_cache_rows(m, np, T, &p);
@@ -252,7 +251,7 @@ static void run_ingest(kvz_model *m, const int32_t *pre, int32_t np, const int32
     double t0 = sync_now();
     prefill_passes(m, kv, all, n_all, p.prefill_chunk);
     double t1 = sync_now();
-    API(kvz_kvzip_score_chunks(m, kv, np, ctx, T, &p, scores, NULL, NULL, 0, 0));
+    API(kvz_kvzip_score_chunks(m, kv, np, ctx, T, &p, NULL, NULL, NULL, 0, 0)); /* as ingest: scores stay on the GPU */
     double t2 = sync_now();
     int64_t kept = kvz_cuda_kvzip_select(kv, np, T, p.ratio, p.mode, NULL, counts);
     if (kept < 0) DIE("select: %s (%s)", kvz_strerror((int)kept), kvz_error_detail());
@@ -274,7 +273,7 @@ static void run_ingest(kvz_model *m, const int32_t *pre, int32_t np, const int32
     if (!diag) {
         kvz_kv_free(kv);
         for (int32_t i = 0; i < n_pass; i++) kvz_tokens_free(&rin[i]);
-        free(rin); free(first); free(all); free(scores); free(counts);
+        free(rin); free(first); free(all); free(counts);
         return;
     }
     /* the old host path on the same kept rows: fp32 per head, then f16 on one core */
@@ -306,7 +305,7 @@ static void run_ingest(kvz_model *m, const int32_t *pre, int32_t np, const int32
     kvz_kv_free(kv);
     if (sink == 42) fputc(' ', stderr);
     for (int32_t i = 0; i < n_pass; i++) kvz_tokens_free(&rin[i]);
-    free(rin); free(first); free(all); free(scores); free(counts);
+    free(rin); free(first); free(all); free(counts);
 }
 
 /* ms per batch-1 decode step with logits to the host, context T */

@@ -162,15 +162,16 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
     }
     if ((rc = kvz_kv_create(m, cap, 0, &kv)))
         goto free_work;
-    if ((rc = kvz_kvzip_score(m, kv, all.ids, n_prefix, ctx, n_ctx, &o->kp, scores, o->progress,
-                              o->progress_ctx)))
+    int compact = 0; /* device: scores stay there; top-k and compaction on the GPU */
+#ifdef KVZ_HAVE_CUDA
+    compact = kvz_model_device(m) == KVZ_DEVICE_CUDA;
+#endif
+    if ((rc = kvz_kvzip_score(m, kv, all.ids, n_prefix, ctx, n_ctx, &o->kp, compact ? NULL : scores,
+                              o->progress, o->progress_ctx)))
         goto free_work;
-    /* device: top-k and compaction on the GPU; the cache then holds only kept rows */
-    int compact = 0;
     int64_t kept;
 #ifdef KVZ_HAVE_CUDA
-    if (kvz_model_device(m) == KVZ_DEVICE_CUDA) {
-        compact = 1;
+    if (compact) { /* the cache then holds only kept rows */
         kept = kvz_cuda_kvzip_select(kv, n_prefix, n_ctx, o->kp.ratio, o->kp.mode, keep, counts);
     } else
 #endif

@@ -184,6 +184,7 @@ int kvz_kvzip_score_chunks(kvz_model *m, kvz_kv *kv, int32_t n_prefix, const int
     }
 #endif
     /* CPU: the repeat pass's own attention scores the chunk (kvz_kv_probe) */
+    if (!rc && !scores) rc = kvz_error_set(KVZ_ERR_ARG, "kvzip: the CPU backend needs a score array");
     for (int32_t t = 0; t < n_chunks && !rc; t++) {
         rin.n = 0;
         if ((rc = kvz_kvzip_repeat_input(tok, ctx, n_ctx, t, p, &rin))) break;

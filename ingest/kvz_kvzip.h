@@ -75,7 +75,8 @@ int64_t kvz_kvzip_cache_rows(const kvz_model *m, int32_t n_prefix, int32_t n_ctx
 /**
  * Prefill prefix+context into @p kv (which must be empty, without output buffer,
  * with at least kvz_kvzip_cache_rows() capacity) and score every context pair.
- * @p scores: (n_layer, n_kv_head, n_ctx) fp32, written completely.
+ * @p scores: (n_layer, n_kv_head, n_ctx) fp32, written completely; on a CUDA model it
+ * may be NULL: the scores then stay on the device, where kvz_cuda_kvzip_select reads them.
  * On return the cache holds exactly the prefix + context (repeat KV discarded).
  * @return 0, kvz_forward errors, KVZ_ERR_ARG, KVZ_ERR_NOMEM, or the callback's nonzero value.
  */

@@ -67,6 +67,24 @@ static std::mutex g_mem_mu;
 static std::unordered_map<void *, size_t> g_mem_sizes;
 static uint64_t g_mem_cur, g_mem_peak;
 
+static void mem_track(void *p, size_t bytes)
+{
+    std::lock_guard<std::mutex> g(g_mem_mu);
+    g_mem_sizes[p] = bytes;
+    g_mem_cur += bytes;
+    if (g_mem_cur > g_mem_peak) g_mem_peak = g_mem_cur;
+}
+
+static void mem_untrack(void *p)
+{
+    std::lock_guard<std::mutex> g(g_mem_mu);
+    auto it = g_mem_sizes.find(p);
+    if (it != g_mem_sizes.end()) {
+        g_mem_cur -= it->second;
+        g_mem_sizes.erase(it);
+    }
+}
+
 static int dmalloc(void **p, size_t bytes, const char *what)
 {
     *p = NULL;
@@ -79,10 +97,7 @@ static int dmalloc(void **p, size_t bytes, const char *what)
                              "cudaMalloc %s (%.1f MiB): %s", what, bytes / 1048576.0,
                              cudaGetErrorString(e));
     }
-    std::lock_guard<std::mutex> g(g_mem_mu);
-    g_mem_sizes[*p] = bytes;
-    g_mem_cur += bytes;
-    if (g_mem_cur > g_mem_peak) g_mem_peak = g_mem_cur;
+    mem_track(*p, bytes);
     return 0;
 }
 
@@ -90,12 +105,56 @@ static void dfree(void *p)
 {
     if (!p) return;
     cudaFree(p);
-    std::lock_guard<std::mutex> g(g_mem_mu);
-    auto it = g_mem_sizes.find(p);
-    if (it != g_mem_sizes.end()) {
-        g_mem_cur -= it->second;
-        g_mem_sizes.erase(it);
+    mem_untrack(p);
+}
+
+/* Short-lived scratch (selection, compaction): stream-ordered from the device's default
+ * pool, which is set to keep freed blocks, so the next document's selection takes
+ * nothing from the driver (cudaMalloc + the synchronising cudaFree cost ~3 ms per
+ * document). Accounted like dmalloc while allocated; falls back to it where the device
+ * has no memory pools. */
+static int tmp_pools(void) /* 1: cudaMallocAsync from a default pool that keeps freed blocks */
+{
+    static int pools = -1;
+    if (pools < 0) {
+        int dev = 0, ok = 0;
+        cudaMemPool_t pool;
+        uint64_t keep = UINT64_MAX;
+        pools = cudaGetDevice(&dev) == cudaSuccess &&
+                cudaDeviceGetAttribute(&ok, cudaDevAttrMemoryPoolsSupported, dev) == cudaSuccess && ok &&
+                cudaDeviceGetDefaultMemPool(&pool, dev) == cudaSuccess &&
+                cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) == cudaSuccess;
+        cudaGetLastError();
     }
+    return pools;
+}
+
+static int dmalloc_tmp(void **p, size_t bytes, cudaStream_t s, const char *what)
+{
+    const int pools = tmp_pools();
+    if (!pools) return dmalloc(p, bytes, what);
+    *p = NULL;
+    if (bytes == 0) bytes = 256;
+    cudaError_t e = cudaMallocAsync(p, bytes, s);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *p = NULL;
+        return kvz_error_set(e == cudaErrorMemoryAllocation ? KVZ_ERR_NOMEM : KVZ_ERR_CUDA,
+                             "cudaMallocAsync %s (%.1f MiB): %s", what, bytes / 1048576.0, cudaGetErrorString(e));
+    }
+    mem_track(*p, bytes);
+    return 0;
+}
+
+static void dfree_tmp(void *p, cudaStream_t s)
+{
+    if (!p) return;
+    mem_untrack(p);
+    if (tmp_pools())
+        cudaFreeAsync(p, s);
+    else
+        cudaFree(p);
+    cudaGetLastError();
 }
 
 extern "C" uint64_t kvz_cuda_mem_peak(void)
@@ -1225,12 +1284,12 @@ extern "C" int kvz_cuda_kvzip_repeat(kvz_model *m, kvz_kv *kv, const int32_t *to
     int rc = forward(m, kv, tokens, (int32_t)n, pos0, NULL, KVZ_FWD_NO_LOGITS | KVZ_FWD_DISCARD, &sa);
     free(r0);
     TRY(rc);
-    if (scores)
-        for (int32_t i = 0; i < n_ch; i++)
-            if (ch[i].c1 > ch[i].c0)
-                KVZ_CUDA_TRY(cudaMemcpy2DAsync(scores + ch[i].c0, (size_t)n_ctx * 4, cc->scores + ch[i].c0,
-                                               (size_t)n_ctx * 4, (size_t)(ch[i].c1 - ch[i].c0) * 4, nlh,
-                                               cudaMemcpyDeviceToHost, m->cuda->s));
+    if (!scores) return 0; /* they stay on the device (kvz_cuda_kvzip_select) */
+    for (int32_t i = 0; i < n_ch; i++)
+        if (ch[i].c1 > ch[i].c0)
+            KVZ_CUDA_TRY(cudaMemcpy2DAsync(scores + ch[i].c0, (size_t)n_ctx * 4, cc->scores + ch[i].c0,
+                                           (size_t)n_ctx * 4, (size_t)(ch[i].c1 - ch[i].c0) * 4, nlh,
+                                           cudaMemcpyDeviceToHost, m->cuda->s));
     KVZ_CUDA_TRY(cudaStreamSynchronize(m->cuda->s));
     return 0;
 }
@@ -1258,12 +1317,12 @@ static int64_t kvzip_select(kvz_kv *kv, int32_t n_prefix, int32_t n_ctx, float r
     int32_t *hc = (int32_t *)malloc(nlh * sizeof(int32_t));
     int64_t kept = 0;
     int rc = hc ? 0 : KVZ_ERR_NOMEM;
-    if (!rc) rc = dmalloc((void **)&d_keep, N, "keep mask");
-    if (!rc) rc = dmalloc((void **)&d_counts, nlh * 4, "keep counts");
+    if (!rc) rc = dmalloc_tmp((void **)&d_keep, N, s, "keep mask");
+    if (!rc) rc = dmalloc_tmp((void **)&d_counts, nlh * 4, s, "keep counts");
     if (!rc && mode == EVICT_GLOBAL) {
         kept = (int64_t)llround((double)N * ratio);
         size_t wsb = kvz_cuda_topk_ws_size((int64_t)N);
-        rc = dmalloc(&ws, wsb, "top-k workspace");
+        rc = dmalloc_tmp(&ws, wsb, s, "top-k workspace");
         if (!rc) rc = kvz_cuda_topk_global(s, cc->scores, (int64_t)N, kept, d_keep, ws, wsb);
     } else if (!rc && mode == EVICT_UNIFORM) {
         int k = (int)llround((double)n_ctx * ratio);
@@ -1279,9 +1338,9 @@ static int64_t kvzip_select(kvz_kv *kv, int32_t n_prefix, int32_t n_ctx, float r
     const size_t hd = (size_t)c->head_dim, rows_s = (size_t)c->n_kv_head * (size_t)(n_prefix + n_ctx);
     kvz_cuda_kv tmp = cc->L[0];
     tmp.cap = n_prefix + n_ctx;
-    if (!rc) rc = dmalloc((void **)&sk, rows_s * hd * 2, "compaction scratch K");
-    if (!rc) rc = dmalloc((void **)&sv, rows_s * hd * 2, "compaction scratch V");
-    if (!rc) rc = dmalloc((void **)&spos, rows_s * 4 + (size_t)c->n_kv_head * 4, "compaction scratch pos");
+    if (!rc) rc = dmalloc_tmp((void **)&sk, rows_s * hd * 2, s, "compaction scratch K");
+    if (!rc) rc = dmalloc_tmp((void **)&sv, rows_s * hd * 2, s, "compaction scratch V");
+    if (!rc) rc = dmalloc_tmp((void **)&spos, rows_s * 4 + (size_t)c->n_kv_head * 4, s, "compaction scratch pos");
     tmp.k = sk; tmp.v = sv; tmp.pos = spos; tmp.len = spos + rows_s;
     for (int32_t l = 0; l < c->n_layer && !rc; l++) {
         rc = kvz_cuda_kv_compact(s, &cc->L[l], n_prefix, n_ctx, d_keep + (size_t)l * c->n_kv_head * n_ctx, &tmp);
@@ -1300,7 +1359,8 @@ static int64_t kvzip_select(kvz_kv *kv, int32_t n_prefix, int32_t n_ctx, float r
         }
         rc = kvz_cuda_kv_sync(kv, 0);
     }
-    dfree(d_keep); dfree(d_counts); dfree(ws); dfree(sk); dfree(sv); dfree(spos);
+    dfree_tmp(d_keep, s); dfree_tmp(d_counts, s); dfree_tmp(ws, s);
+    dfree_tmp(sk, s); dfree_tmp(sv, s); dfree_tmp(spos, s);
     free(hc);
     return rc ? rc : kept;
 }

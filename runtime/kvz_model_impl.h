@@ -100,8 +100,9 @@ int kvz_cuda_kv_get_head(const kvz_kv *kv, int32_t layer, int32_t head, float *k
  * accumulates the KVzip subset statistics and a fused kernel scores the chunk (no
  * attention matrix in HBM). The repeat KV is discarded. Scores land in a device array
  * (n_layer, n_kv, n_ctx) kept with the cache and are copied to the host @p scores
- * (same shape; may be NULL). The cache must hold exactly n_prefix + n_ctx rows in
- * every head, with room for the batch after them. */
+ * (same shape; NULL: not copied, and the call returns without waiting for the GPU).
+ * The cache must hold exactly n_prefix + n_ctx rows in every head, with room for
+ * the batch after them. */
 typedef struct kvz_repeat_chunk {
     int32_t n, c0, c1;
 } kvz_repeat_chunk;
