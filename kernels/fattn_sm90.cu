@@ -874,11 +874,255 @@ static int fa10_launch(const fa_params &p, cudaStream_t s)
     return 0;
 }
 
+/* ========================================================================== */
+/* The chunk score, warp-specialised (same result as ks9_kernel, which stays for GQA
+ * groups that do not divide 128): warpgroup 0's first warp is the producer — one TMA
+ * box per 64 columns brings a 128-row query tile (32 tokens × G heads of the group, a
+ * 3-D map over (hd, heads, tokens)), and its lanes turn the rows' (m, l) into
+ * m + log2 l and copy the positions into the same stage before arriving on its "full"
+ * barrier. Warpgroups 1 and 2 each own 128 of the block's 256 keys (kept in shared
+ * memory from the start) and run S^T = K·Q^T and the max on their own schedule,
+ * releasing a stage through its "empty" barrier once its row values are in registers,
+ * so one consumer's epilogue overlaps the other's products (ncu on ks9: the tensor
+ * pipe was 32% busy behind block barriers). */
+#define KS10_STAGES 4
+#define KS10_THREADS 384
+
+template <int HD> struct ks10_layout {
+    static constexpr int TB = KS_BQ * HD * 2;
+    static constexpr int K = 0;                               /* 256 keys */
+    static constexpr int Q0 = KS_BK * HD * 2;                 /* stage s at Q0 + s·TB */
+    static constexpr int QM = Q0 + KS10_STAGES * TB;          /* float[S][BQ]: m + log2 l (+inf: no row) */
+    static constexpr int QP = QM + KS10_STAGES * KS_BQ * 4;   /* int[S][BQ]: positions */
+    static constexpr int QMIN = QP + KS10_STAGES * KS_BQ * 4; /* int[S] */
+    static constexpr int KPOS = QMIN + 16;                    /* int[BK] + the block's max key position */
+    static constexpr int BAR = KPOS + KS_BK * 4 + 16;         /* u64 full[S], empty[S] */
+    static constexpr int TOTAL = BAR + 2 * KS10_STAGES * 8;
+    static constexpr int ALLOC = TOTAL + 1024;
+};
+
+#ifdef KVZ_HAVE_WGMMA
+__device__ __forceinline__ void ks10_tma_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 ::"r"(dst), "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
+#endif
+
+template <int HD>
+__global__ void __launch_bounds__(KS10_THREADS, 1)
+ks10_kernel(const __grid_constant__ CUtensorMap tmq, const fa_params p, int qsplit)
+{
+#ifdef KVZ_HAVE_WGMMA
+    using LY = ks10_layout<HD>;
+    constexpr int CPR = HD / 8;
+    extern __shared__ __align__(16) unsigned char ks10_raw[];
+    unsigned char *sm = ks10_raw + ((1024u - (kvz_smem_addr(ks10_raw) & 1023u)) & 1023u);
+    const uint32_t sbase = kvz_smem_addr(sm);
+    float *qm_s = (float *)(sm + LY::QM);
+    int *qp_s = (int *)(sm + LY::QP), *qmin_s = (int *)(sm + LY::QMIN), *kpos_s = (int *)(sm + LY::KPOS);
+    int *kmax_s = kpos_s + KS_BK;
+    const uint32_t bar_full = sbase + LY::BAR, bar_empty = bar_full + 8 * KS10_STAGES;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int h = blockIdx.y, nrows = p.T * p.G;
+    const int k0 = p.lo[0] + blockIdx.x * KS_BK, nk = min(KS_BK, p.hi[0] - k0);
+    const int n_qt = (nrows + KS_BQ - 1) / KS_BQ;
+    const int n_my = blockIdx.z < n_qt ? (n_qt - 1 - blockIdx.z) / qsplit + 1 : 0;
+
+    if (tid == 0) {
+        for (int s = 0; s < KS10_STAGES; s++) {
+            f10_bar_init(bar_full + 8 * s, 32);   /* the producer's lanes (row values), + Q bytes as tx */
+            f10_bar_init(bar_empty + 8 * s, 256); /* every consumer thread */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {
+        /* ---------------- producer ---------------- */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (warp != 0) return;
+        const int tpt = KS_BQ / p.G; /* tokens per tile */
+        for (int i = 0; i < n_my; i++) {
+            const int s = i % KS10_STAGES, qt = blockIdx.z + i * qsplit;
+            if (i >= KS10_STAGES) f10_wait(bar_empty + 8 * s, (i / KS10_STAGES - 1) & 1);
+            if (lane == 0) {
+                asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar_full + 8 * s), "r"((uint32_t)LY::TB)
+                             : "memory");
+#pragma unroll
+                for (int a = 0; a < HD / 64; a++)
+                    ks10_tma_3d(sbase + LY::Q0 + s * LY::TB + a * KS_BQ * 128, &tmq, a * 64, h * p.G, qt * tpt,
+                                bar_full + 8 * s);
+            }
+            int mn = INT_MAX;
+#pragma unroll
+            for (int k = 0; k < KS_BQ / 32; k++) {
+                const int r = lane + 32 * k, row = qt * KS_BQ + r;
+                float mq = INFINITY;
+                int qp = INT_MAX; /* no row: l = 0 makes it lose everywhere; visible everywhere */
+                if (row < nrows) {
+                    const float2 ml = *(const float2 *)(p.ml + ((size_t)(row / p.G) * p.n_head + h * p.G + row % p.G) * 2);
+                    if (ml.y > 0.f) mq = ml.x + __log2f(ml.y);
+                    qp = p.qpos[row / p.G];
+                }
+                qm_s[s * KS_BQ + r] = mq;
+                qp_s[s * KS_BQ + r] = qp;
+                mn = min(mn, qp);
+            }
+            mn = __reduce_min_sync(0xffffffffu, mn);
+            if (lane == 0) qmin_s[s] = mn;
+            __syncwarp();
+            f10_arrive(bar_full + 8 * s); /* every lane after its own row values (release) */
+        }
+        return;
+    }
+
+    /* ---------------- consumers ---------------- */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int cw = wg - 1, ct = tid - 128; /* consumer warpgroup, thread among the 256 consumers */
+    const int wq = warp & 3, gq = lane >> 2, tq = lane & 3;
+    const bf16 *kb = (const bf16 *)p.kv.k + ((size_t)h * p.kv.cap + k0) * HD;
+    for (int e = ct; e < KS_BK * CPR; e += 256) {
+        int r = e / CPR, c = e % CPR;
+        bool ok = r < nk;
+        kvz_cp_async16(sm + LY::K + f9_swz(r, c, KS_BK), ok ? kb + (size_t)r * HD + c * 8 : kb, ok);
+    }
+    kvz_cp_commit();
+    {
+        int kp = INT_MAX;
+        if (ct < nk) {
+            kp = p.kv.pos[(size_t)h * p.kv.cap + k0 + ct];
+            if (kp < 0) kp = INT_MAX;
+        }
+        kpos_s[ct] = kp;
+        int mx = __reduce_max_sync(0xffffffffu, kp == INT_MAX ? INT_MIN : kp);
+        if (ct == 0) *kmax_s = INT_MIN;
+        asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        if (lane == 0) atomicMax(kmax_s, mx);
+    }
+    kvz_cp_wait<0>();
+    kvz_fence_proxy_async();
+    asm volatile("bar.sync 1, 256;\n" ::: "memory"); /* K, key positions and their max visible */
+    const int kmax = *kmax_s;
+
+    const int ka = cw * 128 + wq * 16 + gq; /* this thread's keys: ka, ka + 8, ka + 64, ka + 72 */
+    float v[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, sc[2][KS_BQ / 2];
+#pragma unroll
+    for (int i = 0; i < KS_BQ / 2; i++) sc[0][i] = sc[1][i] = 0.f;
+    for (int i = 0; i < n_my; i++) {
+        const int s = i % KS10_STAGES;
+        f10_wait(bar_full + 8 * s, (i / KS10_STAGES) & 1);
+        kvz_wg_fence();
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint64_t da = kvz_wg_desc(sbase + LY::K + (kk >> 2) * (KS_BK * 128) + (cw * 128 + mt * 64) * 128 +
+                                              (kk & 3) * 32, 16, 1024);
+                uint64_t db = kvz_wg_desc(sbase + LY::Q0 + s * LY::TB + (kk >> 2) * (KS_BQ * 128) + (kk & 3) * 32, 16,
+                                          1024);
+                kvz_wg_m64n128k16_ss(sc[mt], da, db, kk > 0);
+            }
+        kvz_wg_commit();
+        /* while the products run: this thread's columns' m + log2 l into registers */
+        const bool fast = kmax <= qmin_s[s]; /* every key visible to every row of the tile (block-uniform) */
+        float2 m2[KS_BQ / 8];
+#pragma unroll
+        for (int j = 0; j < KS_BQ / 8; j++) m2[j] = *(const float2 *)&qm_s[s * KS_BQ + j * 8 + 2 * tq];
+        kvz_wg_wait<0>();
+        kvz_wg_reg_fence(sc[0]);
+        kvz_wg_reg_fence(sc[1]);
+        if (fast) {
+            f10_arrive(bar_empty + 8 * s); /* stage s (Q and the row values) may be refilled */
+            float w[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) w[e] = -INFINITY;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int j = 0; j < KS_BQ / 8; j++) {
+                    const float *c4 = &sc[mt][4 * j];
+                    float *wa = &w[4 * mt + (j & 1)], *wb = wa + 2;
+                    *wa = fmaxf(*wa, fmaxf(fmaf(c4[0], p.scale_log2, -m2[j].x), fmaf(c4[1], p.scale_log2, -m2[j].y)));
+                    *wb = fmaxf(*wb, fmaxf(fmaf(c4[2], p.scale_log2, -m2[j].x), fmaf(c4[3], p.scale_log2, -m2[j].y)));
+                }
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[e] = fmaxf(v[e], fmaxf(w[2 * e], w[2 * e + 1]));
+        } else { /* positions from the stage, which is released only afterwards */
+            const int *qp = qp_s + s * KS_BQ;
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const int kpa = kpos_s[ka + 64 * mt], kpb = kpos_s[ka + 64 * mt + 8];
+#pragma unroll
+                for (int j = 0; j < KS_BQ / 8; j++) {
+                    const int2 q2 = *(const int2 *)&qp[j * 8 + 2 * tq];
+                    const float *c4 = &sc[mt][4 * j];
+                    if (kpa <= q2.x) v[2 * mt] = fmaxf(v[2 * mt], fmaf(c4[0], p.scale_log2, -m2[j].x));
+                    if (kpa <= q2.y) v[2 * mt] = fmaxf(v[2 * mt], fmaf(c4[1], p.scale_log2, -m2[j].y));
+                    if (kpb <= q2.x) v[2 * mt + 1] = fmaxf(v[2 * mt + 1], fmaf(c4[2], p.scale_log2, -m2[j].x));
+                    if (kpb <= q2.y) v[2 * mt + 1] = fmaxf(v[2 * mt + 1], fmaf(c4[3], p.scale_log2, -m2[j].y));
+                }
+            }
+            f10_arrive(bar_empty + 8 * s);
+        }
+    }
+    float *row = p.score + (size_t)h * p.ld_score + (k0 - p.c0);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        float x = fmaxf(v[e], __shfl_xor_sync(0xffffffffu, v[e], 1));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+        const int key = ka + 64 * (e >> 1) + 8 * (e & 1);
+        const float pr = exp2f(x); /* exp2(-inf) = 0: no visible row */
+        if (tq == 0 && key < nk && pr > 0.f) atomicMax((int *)&row[key], __float_as_int(pr));
+    }
+#endif
+}
+
+/* Queries of one KV head group as a 3-D bf16 tensor (hd, n_head, T) with row stride ldq:
+ * a box of (64, G, 128/G) is a 128-row query tile, rows t·G + g, 128-byte swizzled. */
+static int ks10_map(CUtensorMap *map, const fa_params &p)
+{
+    f10_encode_fn enc = f10_encoder();
+    if (!enc) return 1;
+    cuuint64_t dims[3] = {(cuuint64_t)p.kv.hd, (cuuint64_t)p.n_head, (cuuint64_t)p.T};
+    cuuint64_t strides[2] = {(cuuint64_t)p.kv.hd * 2, (cuuint64_t)p.ldq * 2};
+    cuuint32_t box[3] = {64, (cuuint32_t)p.G, (cuuint32_t)(KS_BQ / p.G)}, es[3] = {1, 1, 1};
+    CUresult r = enc(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)p.q, dims, strides, box, es,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : 1;
+}
+
+/* 1 when it does not apply (a GQA group that does not divide 128, no tensor-map encoder) */
+template <int HD>
+static int ks10_launch(const fa_params &p, cudaStream_t s)
+{
+    CUtensorMap mq;
+    if (KS_BQ % p.G != 0 || p.T <= 0 || ks10_map(&mq, p)) return 1;
+    auto kern = ks10_kernel<HD>;
+    KVZ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, ks10_layout<HD>::ALLOC));
+    const int nk = p.hi[0] - p.lo[0], n_qt = (p.T * p.G + KS_BQ - 1) / KS_BQ;
+    const int kblocks = (nk + KS_BK - 1) / KS_BK * p.kv.n_kv;
+    int qsplit = kvz_cuda_sm_count() / kblocks; /* one wave of one block per SM */
+    qsplit = max(1, min(qsplit, n_qt / 4));
+    dim3 grid((nk + KS_BK - 1) / KS_BK, p.kv.n_kv, qsplit);
+    kern<<<grid, KS10_THREADS, ks10_layout<HD>::ALLOC, s>>>(mq, p, qsplit);
+    KVZ_LAUNCH_CHECK("kvzip_score_sm90_tma");
+    return 0;
+}
+
 int fa_sm90_dispatch(const fa_params &p, int mode, cudaStream_t s)
 {
     if (mode == FA_STATS || !fa9_usable() || p.ldq % 8 != 0 || ((uintptr_t)p.q & 15) != 0) return 1;
-    if (mode == FA_SCORE) /* one key segment: the chunk */
+    if (mode == FA_SCORE) { /* one key segment: the chunk */
+        const char *e = getenv("KVZ_CUDA_SCORE");
+        if (!(e && !strcmp(e, "cpasync"))) {
+            int rc = p.kv.hd == 64 ? ks10_launch<64>(p, s) : ks10_launch<128>(p, s);
+            if (rc <= 0) return rc;
+        }
         return p.kv.hd == 64 ? ks9_launch<64>(p, s) : ks9_launch<128>(p, s);
+    }
     if (!p.ob.k && p.kv.hd == 128) { /* warp-specialised TMA kernel; 1 = no tensor-map encoder */
         int rc = p.ml_sub ? fa10_launch<128, true>(p, s) : fa10_launch<128, false>(p, s);
         if (rc <= 0) return rc;
