@@ -50,7 +50,9 @@ verify_ok() {
   else bad "$1: kvzip-store verify failed: $(head -c 800 "$T/verr")"; fi
 }
 txnid() { "$STO" --store "$1" stats --json | sed -n 's/.*"last_txnid": \([0-9]*\).*/\1/p'; }
-ndocs() { "$STO" --store "$1" stats --json | sed -n 's/.*"docs": \([0-9]*\),.*/\1/p'; }
+# docs_in_stats < STATS_JSON: the document count of a `kvzip-store stats --json` output
+docs_in_stats() { sed -n 's/.*"docs": \([0-9]*\),.*/\1/p'; }
+ndocs() { "$STO" --store "$1" stats --json | docs_in_stats; }
 has_doc() { "$STO" --store "$1" show "$2" >/dev/null 2>&1; }
 
 # tiny_docs DIR N [TAG]: N short synthetic documents (about 30 tokens each, ~2 s to ingest)

@@ -9,16 +9,23 @@
 # namespace; needs root, said and skipped otherwise): the same guarantees.
 source "$(dirname "$0")/lib.bash"
 
+# stopped_full WHAT RC ERR_FILE REGEX NDOCS: an ingest of the 4 docs that ran into a full
+# store exited 1 with one error line matching REGEX, and the store kept the 1-3 documents
+# committed before it
+stopped_full() {
+  echo "  $(cat "$3")"
+  check "$1: exit 1" test "$2" -eq 1
+  check "$1: one error line" test "$(wc -l <"$3")" -eq 1
+  check "$1: says so" grep -Eq "$4" "$3"
+  check "$1: the documents before it are kept (${5:-none})" test "${5:-0}" -ge 1 -a "${5:-0}" -lt 4
+}
+
 S="$T/store"
 tiny_docs "$T/docs" 4        # each blob is ~1 MB
 "$ING" --quiet --max-map 3000000 --store "$S" "$T/docs" 2>"$T/err"
-rc=$?
-echo "  $(cat "$T/err")"
-check "full store: exit 1" test "$rc" -eq 1
-check "full store: one error line" test "$(wc -l <"$T/err")" -eq 1
-check "full store: clear message" grep -Eq '^kvzip-ingest: error: doc[0-9].txt: kvz_store: map is full at its maximum of 3000000 bytes \(store is full\)$' "$T/err"
-n=$(ndocs "$S")
-check "full store: some docs stored before the limit ($n)" test "$n" -ge 1 -a "$n" -lt 4
+stopped_full "full store" $? "$T/err" \
+  '^kvzip-ingest: error: doc[0-9].txt: kvz_store: map is full at its maximum of 3000000 bytes \(store is full\)$' \
+  "$(ndocs "$S")"
 failed=$(sed -n 's/.*error: \(doc[0-9]\).txt.*/\1/p' "$T/err")
 check "full store: the failing doc is absent" bash -c "! '$STO' --store '$S' show '$failed.txt' >/dev/null 2>&1"
 verify_ok "full store" "$S"
@@ -53,13 +60,9 @@ else bad "query after compact"; fi
 # CLI ignores SIGXFSZ, so the write fails and the commit is rolled back.
 S2="$T/store2"
 (ulimit -f 3200; exec "$ING" --quiet --store "$S2" "$T/docs") 2>"$T/err2"
-rc=$?
-echo "  $(cat "$T/err2")"
-check "file-size limit: exit 1 (not killed by SIGXFSZ)" test "$rc" -eq 1
-check "file-size limit: one error line" test "$(wc -l <"$T/err2")" -eq 1
-check "file-size limit: says so" grep -Eq "^kvzip-ingest: error: doc[0-9].txt: kvz_store: commit: .*/data.mdb would grow past this process's file-size limit \(ulimit -f: 3276800 bytes\); the store is unchanged \(store is full\)$" "$T/err2"
-n2=$(ndocs "$S2")
-check "file-size limit: the documents before it are kept ($n2)" test "$n2" -ge 1 -a "$n2" -lt 4
+stopped_full "file-size limit (not killed by SIGXFSZ)" $? "$T/err2" \
+  "^kvzip-ingest: error: doc[0-9].txt: kvz_store: commit: .*/data.mdb would grow past this process's file-size limit \(ulimit -f: 3276800 bytes\); the store is unchanged \(store is full\)$" \
+  "$(ndocs "$S2")"
 verify_ok "file-size limit" "$S2"
 "$ING" --quiet --store "$S2" "$T/docs" || bad "ingest without the limit"
 check "all 4 docs without the limit" test "$(ndocs "$S2")" = 4
@@ -75,12 +78,9 @@ if [ "$(id -u)" = 0 ] && unshare -m true 2>/dev/null; then
     "$3" --store "$1/store" verify >/dev/null 2>"$5/verr3"; echo $? >"$5/vrc3"
     "$3" --store "$1/store" stats --json >"$5/stats3"' _ "$T/fs" "$ING" "$STO" "$T/docs" "$T"
   check "disk full: tmpfs mounted" test $? -ne 90
-  echo "  $(cat "$T/err3")"
-  check "disk full: exit 1" test "$(cat "$T/rc3")" -eq 1
-  check "disk full: one error line" test "$(wc -l <"$T/err3")" -eq 1
-  check "disk full: says so" grep -Eq '^kvzip-ingest: error: doc[0-9].txt: kvz_store: commit: no space left on the device holding .*/store \([0-9]+ bytes free, about [0-9]+ needed\); the store is unchanged \(store is full\)$' "$T/err3"
-  n3=$(sed -n 's/.*"docs": \([0-9]*\),.*/\1/p' "$T/stats3")
-  check "disk full: the documents before it are kept ($n3)" test "${n3:-0}" -ge 1 -a "${n3:-0}" -lt 4
+  stopped_full "disk full" "$(cat "$T/rc3")" "$T/err3" \
+    '^kvzip-ingest: error: doc[0-9].txt: kvz_store: commit: no space left on the device holding .*/store \([0-9]+ bytes free, about [0-9]+ needed\); the store is unchanged \(store is full\)$' \
+    "$(docs_in_stats <"$T/stats3")"
   check "disk full: verify passes on the full filesystem" test "$(cat "$T/vrc3")" -eq 0
 else
   echo "  SKIP disk full (real ENOSPC): needs root and mount namespaces (the file-size limit above covers the same code path)"
