@@ -44,12 +44,13 @@ void cli_error(int rc, const char *fmt, ...)
 
 void cli_usage_error(const char *fmt, ...)
 {
+    char msg[2048];
     va_list ap;
-    fprintf(stderr, "%s: ", cli_prog);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, " (see %s --help)\n", cli_prog);
+    /* the message quotes arguments as given: escaped, so it stays one line */
+    fprintf(stderr, "%s: %s (see %s --help)\n", cli_prog, cli_escape(msg), cli_prog);
     exit(EXIT_USAGE);
 }
 

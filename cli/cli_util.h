@@ -24,9 +24,10 @@ extern const char *cli_prog;
  * when the cores are shared with other work, and ~nothing is lost when idle. */
 void cli_init(const char *prog, char **argv);
 
-/* Print "prog: error: <what>: <strerror(rc)>[: detail]" on one line. */
+/* Print "prog: error: <what>: <detail> (<class>)" on one line, what and detail escaped
+ * (cli_escape), then clear the detail. */
 void cli_error(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Print "prog: <msg>" and exit(EXIT_USAGE). */
+/* Print "prog: <msg> (see prog --help)" (msg escaped: cli_escape) and exit(EXIT_USAGE). */
 void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /* Exit code for a library error class. */
 int cli_exit_code(int rc);

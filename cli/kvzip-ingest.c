@@ -75,7 +75,7 @@ typedef struct doc_item {
     char *id;      /* doc id */
     int named;     /* named on the command line (not found by a folder walk) */
     int usable;    /* read (and later tokenized) without error */
-    int dup;       /* the same file as an earlier input: stored once */
+    int dup;       /* left out: the same file as an earlier input, or an id out of range */
     char *text;    /* file contents until tokenized */
     size_t len;
     int32_t n_parts;
@@ -363,20 +363,20 @@ int main(int argc, char **argv)
             const char *v = cli_value(argc, argv, &i);
             if (!strcmp(v, "global")) o.kp.mode = KVZ_EVICT_GLOBAL;
             else if (!strcmp(v, "uniform")) o.kp.mode = KVZ_EVICT_UNIFORM;
-            else cli_usage_error("--mode expects global or uniform, got '%s'", cli_escape(v));
+            else cli_usage_error("--mode expects global or uniform, got '%s'", v);
         } else if (!strcmp(a, "--kv-dtype")) {
             const char *v = cli_value(argc, argv, &i);
             if (!strcmp(v, "f16")) o.dtype = KVZ_DTYPE_F16;
             else if (!strcmp(v, "bf16")) o.dtype = KVZ_DTYPE_BF16;
             else if (!strcmp(v, "f32")) o.dtype = KVZ_DTYPE_F32;
-            else cli_usage_error("--kv-dtype expects f16, bf16 or f32, got '%s'", cli_escape(v));
+            else cli_usage_error("--kv-dtype expects f16, bf16 or f32, got '%s'", v);
         } else if (!strcmp(a, "--id")) id_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--part-tokens")) part_tokens = cli_parse_long(a, cli_value(argc, argv, &i), 16, 1 << 30);
         else if (!strcmp(a, "--threads")) threads = cli_parse_long(a, cli_value(argc, argv, &i), 1, 1024);
         else if (!strcmp(a, "--device")) device = cli_parse_device(cli_value(argc, argv, &i));
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--quiet")) quiet = 1;
-        else if (a[0] == '-' && a[1] == '-') cli_usage_error("unknown option '%s'", cli_escape(a));
+        else if (a[0] == '-' && a[1] == '-') cli_usage_error("unknown option '%s'", a);
         else inputs[ni++] = a;
     }
     if (ni == 0) cli_usage_error("no document or folder given");

@@ -72,4 +72,7 @@ expect_err "error line escaped" 1 '^kvzip-ingest: error: cannot read e/empty\\x1
   "$ING" --quiet --store s13 $'e/empty\e[2J.txt'
 expect_err "query error escaped" 6 '^kvzip-query: error: cannot use document: no\\nsuch\\x07.txt: No such file' \
   "$QRY" --text $'no\nsuch\a.txt' "q"
+expect_err "usage error escaped" 2 '^kvzip-query: unknown option .--bad\\x1b\[2J. \(see kvzip-query --help\)$' \
+  "$QRY" --doc x $'--bad\e[2J' "q"
+expect_err "ingest usage error escaped" 2 '^kvzip-ingest: unknown option .--x\\ry. ' "$ING" $'--x\ry' x.txt
 finish
