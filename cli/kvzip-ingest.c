@@ -52,6 +52,9 @@ static void usage(void)
         "  --mode M           global (one threshold over all heads, default) or uniform\n"
         "  --kv-dtype T       stored K/V type: f16 (default), bf16 or f32\n"
         "  --id ID            document id (one FILE argument only)\n"
+        "  --path-ids         ids keep where the input came from: a DIR argument's own\n"
+        "                     name leads its ids (dir1/same.txt), a FILE argument's id is\n"
+        "                     its path as given (a/x.txt); for inputs whose plain ids collide\n"
         "  --part-tokens N    split documents longer than N tokens into parts (default and\n"
         "                     maximum: what the model allows)\n"
         "  --threads N        CPU threads (default: all cores)\n"
@@ -243,8 +246,8 @@ static int id_collisions(doc_list *l, id_ref *r, size_t n)
         if (r[i - 1].n_parts > 1) snprintf(pa, sizeof pa, " (part %d of %d)", r[i - 1].part, r[i - 1].n_parts);
         if (r[i].n_parts > 1) snprintf(pb, sizeof pb, " (part %d of %d)", r[i].part, r[i].n_parts);
         fprintf(stderr, "kvzip-ingest: error: %s%s and %s%s would both be stored as '%s'; nothing "
-                "stored (ingest them separately, or name one FILE with --id)\n", cli_escape(a->path),
-                pa, cli_escape(b->path), pb, cli_escape(r[i].id));
+                "stored (use --path-ids, ingest them separately, or name one FILE with --id)\n",
+                cli_escape(a->path), pa, cli_escape(b->path), pb, cli_escape(r[i].id));
         bad++;
     }
     return bad;
@@ -341,7 +344,7 @@ int main(int argc, char **argv)
     cli_init("kvzip-ingest", argv);
     const char *store_flag = NULL, *model_flag = NULL, *synth_flag = NULL, *id_flag = NULL;
     long threads = 0, part_tokens = 0, max_map = 0;
-    int json = 0, quiet = 0, ended = 0;
+    int json = 0, quiet = 0, ended = 0, path_ids = 0;
     int32_t device = KVZ_DEVICE_AUTO;
     kvz_ingest_opts o;
     kvz_ingest_defaults(&o);
@@ -374,6 +377,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--part-tokens")) part_tokens = cli_parse_long(a, cli_value(argc, argv, &i), 16, 1 << 30);
         else if (!strcmp(a, "--threads")) threads = cli_parse_long(a, cli_value(argc, argv, &i), 1, 1024);
         else if (!strcmp(a, "--device")) device = cli_parse_device(cli_value(argc, argv, &i));
+        else if (!strcmp(a, "--path-ids")) path_ids = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (a[0] == '-' && a[1] == '-') cli_usage_error("unknown option '%s'", a);
@@ -401,11 +405,15 @@ int main(int argc, char **argv)
             while (rl > 1 && root[rl - 1] == '/') root[--rl] = 0;
             dir_set seen = {0};
             dir_set_add(&seen, &st);
-            walk(&docs, root, "", &seen);
+            char *real = path_ids ? realpath(root, NULL) : NULL; /* "." -> its real name */
+            const char *name = real ? strrchr(real, '/') + 1 : "";
+            walk(&docs, root, name, &seen);
+            free(real);
             free(seen.v);
         } else { /* a FIFO or device is rejected when read, without blocking */
-            const char *base = strrchr(inputs[i], '/');
-            push_doc(&docs, inputs[i], id_flag ? id_flag : (base ? base + 1 : inputs[i]));
+            const char *base = strrchr(inputs[i], '/'), *given = inputs[i];
+            while (given[0] == '.' && given[1] == '/') given += 2;
+            push_doc(&docs, inputs[i], id_flag ? id_flag : path_ids ? given : (base ? base + 1 : inputs[i]));
             docs.v[docs.n - 1].named = 1;
         }
     }

@@ -75,6 +75,14 @@ check "same file twice: 1 stored" grep -q '"ingested": 1,' twice.json
 # distinct ids through --id resolve it
 "${I[@]}" --quiet --store s3 --id x-b.txt b/x.txt || bad "--id"
 check "both gates stored" test "$(ndocs s3)" -eq 2
+# or --path-ids: ids keep the DIR argument's name / the FILE's path as given
+"${I[@]}" --quiet --path-ids --store s5 dir1 dir2 ./a/x.txt b/x.txt || bad "--path-ids"
+"$STO" --store s5 ls --json >p.json
+for id in dir1/same.txt dir2/same.txt a/x.txt b/x.txt; do
+  check "--path-ids stored $id" grep -q "\"id\": \"$id\"" p.json
+done
+(cd dir1 && "${I[@]}" --json --quiet --path-ids --store ../s5 . >../p2.json) || bad "--path-ids ."
+check "--path-ids: '.' is named by its real folder" grep -q '"ingested": 0, "unchanged": 1' p2.json
 
 echo "item 14: id over 511 bytes"
 long=$(printf 'd%.0s' $(seq 1 200))
