@@ -239,7 +239,9 @@ static int id_collisions(doc_list *l, id_ref *r, size_t n)
         if (r[i - 1].doc == r[i].doc) continue;
         if (r[i - 1].n_parts <= 1 && r[i].n_parts <= 1 && same_file(a->path, b->path)) {
             b->dup = 1; /* the same file named twice: store it once */
-            r[i] = r[i - 1];
+            const id_ref t = r[i]; /* compare what follows with the one kept (swap: each */
+            r[i] = r[i - 1];       /* entry keeps its own allocation) */
+            r[i - 1] = t;
             continue;
         }
         char pa[64] = "", pb[64] = "";
