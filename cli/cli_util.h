@@ -53,9 +53,10 @@ const char *cli_store_path(const char *flag_value);
 int32_t cli_parse_device(const char *s);
 
 /* Options and operands: call with each argv[i] of the option loop. Returns 1 when
- * argv[i] is to be parsed as an option, 0 for an operand (anything not starting with
- * "--" or a lone "-", and every argument after "--"), -1 for the "--" itself (skip it).
- * *ended starts at 0 and is set once "--" is seen. */
+ * argv[i] looks like an option (begins with '-' and is not a lone "-"; the caller
+ * decides what it does with unknown ones), 0 for an operand (everything else, and
+ * every argument after "--"), -1 for the first "--" itself (skip it). *ended starts
+ * at 0 and is set once "--" is seen. */
 int cli_arg_kind(const char *a, int *ended);
 
 /* Open @p path for reading without ever blocking (O_NONBLOCK, so a FIFO with no
