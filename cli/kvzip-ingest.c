@@ -352,6 +352,7 @@ int main(int argc, char **argv)
     kvz_ingest_opts o;
     kvz_ingest_defaults(&o);
     const char **inputs = calloc((size_t)argc, sizeof *inputs);
+    if (!inputs) oom();
     int ni = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -491,6 +492,7 @@ int main(int argc, char **argv)
     int32_t max_part = kvz_ingest_max_part_tokens(m);
     if (part_tokens > 0 && part_tokens < max_part) max_part = (int32_t)part_tokens;
     kvz_tokens *toks = calloc(docs.n, sizeof *toks);
+    if (!toks) oom();
     int64_t total = 0;
     size_t n_ids = 0;
     for (size_t i = 0; i < docs.n; i++) {
@@ -528,7 +530,8 @@ int main(int argc, char **argv)
                 char id[KVZ_STORE_DOC_ID_MAX + 1];
                 kvz_ingest_part_id(d->id, p, d->n_parts, id);
                 r[nr] = (id_ref){NULL, strdup(id), i, p, d->n_parts};
-                r[nr].id = r[nr].own ? r[nr].own : d->id;
+                if (!r[nr].own) oom();
+                r[nr].id = r[nr].own;
                 nr++;
             }
         }
