@@ -264,7 +264,7 @@ typedef struct kvzip_ingest_result {
  * @param text  UTF-8, @p len bytes (no NUL bytes needed or allowed).
  * @param opts  NULL = kvzip_ingest_defaults().
  * @param res   out, may be NULL.
- * @return 0; KVZIP_ERR_ARG (NULL, bad ratio/mode/dtype, id empty or over 500 bytes,
+ * @return 0; KVZIP_ERR_ARG (NULL, bad ratio/mode/dtype, id empty or longer than 499 bytes,
  *   store opened read-only); KVZIP_ERR_CLOSED; KVZIP_ERR_EMPTY (no text);
  *   KVZIP_ERR_ENCODING; KVZIP_ERR_MODEL (the store holds another model's caches);
  *   KVZIP_ERR_FULL (store full: the failing part is not stored, earlier parts are);
