@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "cli_util.h"
 #include "kvz_error.h"
 #include "kvz_generate.h"
@@ -92,125 +94,6 @@ typedef struct qa {
     int idx_in_doc;     /* 0-based order among the selected questions of its document */
 } qa;
 
-typedef struct jp { const char *s; size_t i, n; } jp;
-
-static void jws(jp *p)
-{
-    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\r' ||
-                           p->s[p->i] == '\n'))
-        p->i++;
-}
-
-static int hex4(jp *p, uint32_t *v)
-{
-    if (p->i + 4 > p->n) return -1;
-    *v = 0;
-    for (int k = 0; k < 4; k++) {
-        int c = p->s[p->i++], d;
-        if (c >= '0' && c <= '9') d = c - '0';
-        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-        else return -1;
-        *v = *v << 4 | (uint32_t)d;
-    }
-    return 0;
-}
-
-/* A JSON string at p (after whitespace) into a malloc'd UTF-8 string. */
-static int jstr(jp *p, char **out)
-{
-    jws(p);
-    if (p->i >= p->n || p->s[p->i] != '"') return -1;
-    p->i++;
-    char *b = malloc(p->n - p->i + 1);
-    size_t o = 0;
-    if (!b) return -1;
-    while (p->i < p->n && p->s[p->i] != '"') {
-        unsigned char c = (unsigned char)p->s[p->i++];
-        if (c < 0x20) goto bad;
-        if (c != '\\') { b[o++] = (char)c; continue; }
-        if (p->i >= p->n) goto bad;
-        c = (unsigned char)p->s[p->i++];
-        switch (c) {
-        case '"': case '\\': case '/': b[o++] = (char)c; break;
-        case 'b': b[o++] = '\b'; break;
-        case 'f': b[o++] = '\f'; break;
-        case 'n': b[o++] = '\n'; break;
-        case 'r': b[o++] = '\r'; break;
-        case 't': b[o++] = '\t'; break;
-        case 'u': {
-            uint32_t cp, lo;
-            if (hex4(p, &cp)) goto bad;
-            if (cp >= 0xD800 && cp < 0xDC00) {
-                if (p->i + 6 > p->n || p->s[p->i] != '\\' || p->s[p->i + 1] != 'u') goto bad;
-                p->i += 2;
-                if (hex4(p, &lo) || lo < 0xDC00 || lo >= 0xE000) goto bad;
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            } else if (cp >= 0xDC00 && cp < 0xE000) {
-                goto bad;
-            }
-            if (cp == 0) goto bad;
-            if (cp < 0x80) b[o++] = (char)cp;
-            else if (cp < 0x800) { b[o++] = (char)(0xC0 | cp >> 6); b[o++] = (char)(0x80 | (cp & 0x3F)); }
-            else if (cp < 0x10000) {
-                b[o++] = (char)(0xE0 | cp >> 12); b[o++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-                b[o++] = (char)(0x80 | (cp & 0x3F));
-            } else {
-                b[o++] = (char)(0xF0 | cp >> 18); b[o++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-                b[o++] = (char)(0x80 | ((cp >> 6) & 0x3F)); b[o++] = (char)(0x80 | (cp & 0x3F));
-            }
-            break;
-        }
-        default: goto bad;
-        }
-    }
-    if (p->i >= p->n) goto bad;
-    p->i++;
-    b[o] = 0;
-    *out = b;
-    return 0;
-bad:
-    free(b);
-    return -1;
-}
-
-static int jskip(jp *p, int depth)
-{
-    jws(p);
-    if (p->i >= p->n || depth > 64) return -1;
-    char c = p->s[p->i];
-    if (c == '"') {
-        char *s;
-        if (jstr(p, &s)) return -1;
-        free(s);
-        return 0;
-    }
-    if (c == '{' || c == '[') {
-        char close = c == '{' ? '}' : ']';
-        p->i++;
-        jws(p);
-        if (p->i < p->n && p->s[p->i] == close) { p->i++; return 0; }
-        for (;;) {
-            if (c == '{') {
-                char *k;
-                if (jstr(p, &k)) return -1;
-                free(k);
-                jws(p);
-                if (p->i >= p->n || p->s[p->i++] != ':') return -1;
-            }
-            if (jskip(p, depth + 1)) return -1;
-            jws(p);
-            if (p->i >= p->n) return -1;
-            if (p->s[p->i] == ',') { p->i++; continue; }
-            if (p->s[p->i] == close) { p->i++; return 0; }
-            return -1;
-        }
-    }
-    size_t i0 = p->i; /* number, true, false, null */
-    while (p->i < p->n && (isalnum((unsigned char)p->s[p->i]) || strchr("+-.", p->s[p->i]))) p->i++;
-    return p->i > i0 ? 0 : -1;
-}
-
 static void qa_free(qa *q)
 {
     free(q->doc); free(q->path); free(q->question); free(q->answer);
@@ -218,72 +101,57 @@ static void qa_free(qa *q)
     free(q->accept);
 }
 
-/* One line -> q. Returns 0, or -1 with a reason in why. */
+/* A JSON string value -> malloc'd UTF-8 copy (jansson has checked the encoding and
+ * rejected \u0000); NULL when @p v is not a string. */
+static char *jdup(const json_t *v)
+{
+    return json_is_string(v) ? strndup(json_string_value(v), json_string_length(v)) : NULL;
+}
+
+/* One line -> q, parsed by jansson. Returns 0, or -1 with a reason in why. */
 static int parse_qa(const char *line, size_t len, qa *q, const char **why)
 {
-    jp p = {line, 0, len};
     memset(q, 0, sizeof *q);
     *why = "not a JSON object";
-    jws(&p);
-    if (p.i >= p.n || line[p.i++] != '{') return -1;
-    jws(&p);
-    if (p.i < p.n && line[p.i] == '}') p.i++;
-    else
-        for (;;) {
-            char *key;
-            if (jstr(&p, &key)) goto bad;
-            jws(&p);
-            if (p.i >= p.n || line[p.i++] != ':') { free(key); goto bad; }
-            char **dst = !strcmp(key, "doc") ? &q->doc : !strcmp(key, "question") ? &q->question
-                         : !strcmp(key, "answer") ? &q->answer : NULL;
-            int is_accept = !strcmp(key, "accept");
-            free(key);
-            jws(&p);
-            if (dst) {
-                free(*dst);
-                *dst = NULL;
-                if (jstr(&p, dst)) { *why = "\"doc\", \"question\" and \"answer\" must be strings"; goto bad; }
-            } else if (is_accept) {
-                *why = "\"accept\" must be an array of strings";
-                if (p.i >= p.n || line[p.i++] != '[') goto bad;
-                jws(&p);
-                if (p.i < p.n && line[p.i] == ']') p.i++;
-                else
-                    for (;;) {
-                        char *s;
-                        if (jstr(&p, &s)) goto bad;
-                        char **na = realloc(q->accept, sizeof *na * (size_t)(q->n_accept + 1));
-                        if (!na) { free(s); goto bad; }
-                        q->accept = na;
-                        q->accept[q->n_accept++] = s;
-                        jws(&p);
-                        if (p.i < p.n && line[p.i] == ',') { p.i++; continue; }
-                        if (p.i < p.n && line[p.i] == ']') { p.i++; break; }
-                        goto bad;
-                    }
-                *why = "not a JSON object";
-            } else if (jskip(&p, 0)) {
-                goto bad;
-            }
-            jws(&p);
-            if (p.i < p.n && line[p.i] == ',') { p.i++; continue; }
-            if (p.i < p.n && line[p.i] == '}') { p.i++; break; }
-            goto bad;
-        }
-    jws(&p);
-    if (p.i != p.n) { *why = "text after the object"; goto bad; }
-    if (!q->doc || !q->question || !q->answer) {
+    json_error_t err;
+    json_t *o = json_loadb(line, len, 0, &err); /* also rejects text after the object */
+    if (!o) {
+        if (strstr(err.text, "end of file expected")) *why = "text after the object";
+        return -1;
+    }
+    if (!json_is_object(o)) goto bad;
+    const json_t *d = json_object_get(o, "doc"), *qs = json_object_get(o, "question"),
+                 *an = json_object_get(o, "answer"), *ac = json_object_get(o, "accept");
+    if ((d && !json_is_string(d)) || (qs && !json_is_string(qs)) || (an && !json_is_string(an))) {
+        *why = "\"doc\", \"question\" and \"answer\" must be strings";
+        goto bad;
+    }
+    if (!d || !qs || !an) {
         *why = "missing \"doc\", \"question\" or \"answer\"";
         goto bad;
     }
+    if (!(q->doc = jdup(d)) || !(q->question = jdup(qs)) || !(q->answer = jdup(an))) goto bad;
+    if (ac) {
+        *why = "\"accept\" must be an array of strings";
+        if (!json_is_array(ac)) goto bad;
+        size_t n = json_array_size(ac);
+        if (n && !(q->accept = calloc(n, sizeof *q->accept))) goto bad;
+        for (size_t i = 0; i < n; i++) {
+            if (!(q->accept[i] = jdup(json_array_get(ac, i)))) goto bad;
+            q->n_accept++;
+        }
+    }
     if (!q->doc[0] || !q->question[0] || !q->answer[0]) { *why = "empty \"doc\", \"question\" or \"answer\""; goto bad; }
     if (q->n_accept == 0) {
+        free(q->accept);
         q->accept = malloc(sizeof *q->accept);
         if (!q->accept || !(q->accept[0] = strdup(q->answer))) goto bad;
         q->n_accept = 1;
     }
+    json_decref(o);
     return 0;
 bad:
+    json_decref(o);
     qa_free(q);
     memset(q, 0, sizeof *q);
     return -1;

@@ -1,14 +1,16 @@
-/* kvzip-query: answer questions about a document from its KV cache. */
+/* kvzip-query: answer questions about a document from its KV cache. A thin main
+ * over the public library (include/kvzip.h): flags, printing, exit codes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
 
 #include "cli_util.h"
 #include "kvz_error.h"
-#include "kvz_generate.h"
-#include "kvz_ingest.h"
-#include "kvz_model.h"
-#include "kvz_store.h"
+#include "kvzip.h"
 
 static void usage(void)
 {
@@ -43,7 +45,8 @@ static void usage(void)
         "                     The question (plus the chat postfix) must fit in B - 8 slots.\n"
         "\n"
         "Output:\n"
-        "  --json             one JSON object per question: answer, token counts, timings\n"
+        "  --json             one JSON object per question: answer, token counts, timings and\n"
+        "                     every --stats figure (KV held, output-buffer slots, evictions, load time)\n"
         "  --stats            timings and KV-cache figures on stderr\n"
         "  -h, --help         this text\n"
         "  --                 end of options: every later argument is a QUESTION\n"
@@ -54,48 +57,60 @@ static void usage(void)
         KVZ_DEFAULT_STORE, KVZ_DEFAULT_MODEL);
 }
 
-typedef struct answer_buf {
-    const kvz_tokenizer *tok;
-    char *text;
-    size_t len, cap;
-    int stream;
-} answer_buf;
-
-static int on_token(void *ctx, int32_t id)
+static int on_piece(void *user, const char *piece, size_t len, int32_t token)
 {
-    answer_buf *a = ctx;
-    char piece[256];
-    int n = kvz_tokenizer_decode(a->tok, id, piece, sizeof piece);
-    if (n < 0) return n;
-    if ((size_t)n > sizeof piece) n = sizeof piece;
-    if (a->len + (size_t)n + 1 > a->cap) {
-        size_t nc = (a->cap ? a->cap * 2 : 1024) + (size_t)n;
-        char *p = realloc(a->text, nc);
-        if (!p) return KVZ_ERR_NOMEM;
-        a->text = p;
-        a->cap = nc;
-    }
-    memcpy(a->text + a->len, piece, (size_t)n);
-    a->len += (size_t)n;
-    a->text[a->len] = 0;
-    if (a->stream) {
-        fwrite(piece, 1, (size_t)n, stdout);
-        fflush(stdout);
-    }
+    (void)user;
+    (void)token;
+    fwrite(piece, 1, len, stdout);
+    fflush(stdout);
     return 0;
+}
+
+/* One JSON object per question (jansson writes and escapes it). */
+static void print_json(const char *q, const char *answer, const kvzip_session_info *si,
+                       const kvzip_answer_stats *as)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "question", json_string(q));
+    json_object_set_new(o, "answer", json_string(answer));
+    if (!json_is_string(json_object_get(o, "answer"))) /* not UTF-8: bytes as-is, lossy */
+        json_object_set_new(o, "answer", json_stringn_nocheck(answer, strlen(answer)));
+    json_object_set_new(o, "doc_tokens", json_integer(si->doc_tokens));
+    json_object_set_new(o, "question_tokens", json_integer(as->prompt_tokens));
+    json_object_set_new(o, "answer_tokens", json_integer(as->answer_tokens));
+    json_object_set_new(o, "stopped", json_boolean(as->stopped));
+    json_object_set_new(o, "doc_prefill_s", json_real(si->load_s));
+    json_object_set_new(o, "ttft_s", json_real(as->ttft_s));
+    json_object_set_new(o, "decode_tok_s", json_real(as->decode_tok_s));
+    json_object_set_new(o, "from_store", json_boolean(si->from_store));
+    json_object_set_new(o, "ratio", json_real(si->ratio));
+    json_object_set_new(o, "doc_rows_kept", json_integer((json_int_t)si->rows_kept));
+    json_object_set_new(o, "doc_rows_full", json_integer((json_int_t)si->rows_full));
+    json_object_set_new(o, "load_s", json_real(si->load_s));
+    json_object_set_new(o, "decode_s", json_real(as->decode_s));
+    json_object_set_new(o, "kv_held_bytes", json_integer((json_int_t)as->kv_bytes_held));
+    json_object_set_new(o, "kv_doc_rows", json_integer(as->kv_doc_rows));
+    json_object_set_new(o, "out_slots_used", json_integer(as->out_used));
+    json_object_set_new(o, "out_slots", json_integer(as->out_slots));
+    json_object_set_new(o, "evictions", json_integer(as->evictions));
+    char *txt = json_dumps(o, JSON_REAL_PRECISION(6));
+    if (txt) puts(txt);
+    free(txt);
+    json_decref(o);
 }
 
 int main(int argc, char **argv)
 {
     cli_init("kvzip-query", argv);
     const char *text_path = NULL, *model_flag = NULL, *synth_flag = NULL, *doc_id = NULL, *store_flag = NULL;
-    long budget = 1024;
-    long max_tokens = 256, threads = 0, seed = 1;
-    double temperature = 0.0, top_p = 1.0;
-    int json = 0, stats = 0, ended = 0;
-    int32_t device = KVZ_DEVICE_AUTO;
+    kvzip_session_opts so;
+    kvzip_session_defaults(&so);
+    long threads = 0;
+    int json = 0, stats = 0;
+    int32_t device = KVZIP_DEVICE_AUTO;
     const char **questions = calloc((size_t)argc, sizeof *questions);
     int nq = 0;
+    int ended = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const int kind = cli_arg_kind(a, &ended); /* "--" ends the options */
@@ -105,15 +120,15 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--text")) text_path = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--doc")) doc_id = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--store")) store_flag = cli_value(argc, argv, &i);
-        else if (!strcmp(a, "--budget")) budget = cli_parse_long(a, cli_value(argc, argv, &i), 0, 1 << 20);
+        else if (!strcmp(a, "--budget")) so.budget = (int32_t)cli_parse_long(a, cli_value(argc, argv, &i), 0, 1 << 20);
         else if (!strcmp(a, "--model")) model_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--synthetic")) synth_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--threads")) threads = cli_parse_long(a, cli_value(argc, argv, &i), 1, 1024);
         else if (!strcmp(a, "--device")) device = cli_parse_device(cli_value(argc, argv, &i));
-        else if (!strcmp(a, "--max-tokens")) max_tokens = cli_parse_long(a, cli_value(argc, argv, &i), 1, 1 << 20);
-        else if (!strcmp(a, "--temperature")) temperature = cli_parse_double(a, cli_value(argc, argv, &i), 0, 100);
-        else if (!strcmp(a, "--top-p")) top_p = cli_parse_double(a, cli_value(argc, argv, &i), 1e-6, 1);
-        else if (!strcmp(a, "--seed")) seed = cli_parse_long(a, cli_value(argc, argv, &i), 0, 0x7fffffffL);
+        else if (!strcmp(a, "--max-tokens")) so.max_tokens = (int32_t)cli_parse_long(a, cli_value(argc, argv, &i), 1, 1 << 20);
+        else if (!strcmp(a, "--temperature")) so.temperature = (float)cli_parse_double(a, cli_value(argc, argv, &i), 0, 100);
+        else if (!strcmp(a, "--top-p")) so.top_p = (float)cli_parse_double(a, cli_value(argc, argv, &i), 1e-6, 1);
+        else if (!strcmp(a, "--seed")) so.seed = (uint64_t)cli_parse_long(a, cli_value(argc, argv, &i), 0, 0x7fffffffL);
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--stats")) stats = 1;
         else if (a[0] == '-' && a[1] == '-') cli_usage_error("unknown option '%s'", a);
@@ -123,7 +138,7 @@ int main(int argc, char **argv)
     if (nq == 0) cli_usage_error("no question given");
     for (int i = 0; i < nq; i++)
         if (!questions[i][0]) cli_usage_error("question %d is empty", i + 1);
-    if (budget > 0 && budget < 16) cli_usage_error("--budget must be 0 (unbounded) or at least 16");
+    if (so.budget > 0 && so.budget < 16) cli_usage_error("--budget must be 0 (unbounded) or at least 16");
 
     char *doc = NULL;
     size_t doc_len = 0;
@@ -132,148 +147,119 @@ int main(int argc, char **argv)
         cli_error(rc, "cannot use document");
         return cli_exit_code(rc);
     }
-    kvz_model *m;
-    if ((rc = cli_load_model(cli_model_path(model_flag), synth_flag, device, (int32_t)threads, &m)))
+    const char *model_path = cli_model_path(model_flag);
+    struct stat mst;
+    if (!synth_flag) { /* never block on a FIFO or device named as the model */
+        const int fd = cli_open_regular(model_path, &mst);
+        if (fd == KVZ_ERR_NOTFOUND) {
+            fprintf(stderr, "kvzip-query: error: model file %s not found (run scripts/setup, or pass "
+                    "--model / set KVZ_MODEL)\n", cli_escape(model_path));
+            return EXIT_NOTFOUND;
+        }
+        if (fd < 0) {
+            cli_error(fd, "cannot load model %s", model_path);
+            return cli_model_exit(fd);
+        }
+        close(fd);
+    }
+    kvzip_model *m;
+    kvzip_model_opts mo = {.device = device, .n_threads = (int32_t)threads, .synthetic = synth_flag};
+    if ((rc = kvzip_model_open(model_path, &mo, &m))) {
+        if (synth_flag) cli_error(rc, "cannot build synthetic model '%s'", synth_flag);
+        else cli_error(rc, "cannot load model %s", model_path);
         return cli_model_exit(rc);
-    const kvz_config *c = kvz_model_config(m);
-    const kvz_tokenizer *tok = kvz_model_tokenizer(m);
+    }
+    kvzip_model_info mi;
+    kvzip_model_info_get(m, &mi);
 
-    kvz_tokens prompt = {0}, qt = {0};
     int32_t max_q = 0;
     for (int i = 0; i < nq; i++) {
-        qt.n = 0;
-        if ((rc = kvz_chat_question(tok, questions[i], &qt))) {
+        int32_t n;
+        if ((rc = kvzip_question_tokens(m, questions[i], &n))) {
             cli_error(rc, "cannot tokenize question %d", i + 1);
             return cli_exit_code(rc);
         }
-        if ((int32_t)qt.n > max_q) max_q = (int32_t)qt.n;
+        if (n > max_q) max_q = n;
     }
-    if (budget > 0 && max_q > budget - 8) {
-        fprintf(stderr, "kvzip-query: error: the question is %d tokens; --budget %ld holds at most "
-                "%ld (raise --budget or use --budget 0)\n", max_q, budget, budget - 8);
+    if (so.budget > 0 && max_q > so.budget - 8) {
+        fprintf(stderr, "kvzip-query: error: the question is %d tokens; --budget %d holds at most "
+                "%d (raise --budget or use --budget 0)\n", max_q, so.budget, so.budget - 8);
         return EXIT_INPUT;
     }
-    /* without an output buffer, question + answer rows go to the document region */
-    const int64_t extra = budget > 0 ? 0 : (int64_t)max_q + max_tokens;
-    kvz_kv *kv = NULL;
-    int32_t n_doc;          /* position where questions start */
-    double t_doc;
-    kvz_store *st = NULL;
+    so.max_question_tokens = max_q; /* rows reserved per question when --budget 0 */
+    kvzip_session *ss;
+    kvzip_session_info si;
+    kvzip_store *st = NULL;
     if (doc_id) {
-        uint8_t fp[16];
-        kvz_model_fingerprint(m, fp);
         const char *sp = cli_store_path(store_flag);
-        if ((rc = kvz_store_open(sp, KVZ_STORE_READONLY, 0, fp, &st))) {
+        if ((rc = kvzip_store_open(sp, KVZIP_STORE_READONLY, m, &st))) {
             cli_error(rc, "cannot open store %s", sp);
             return cli_store_exit(rc);
         }
-        kvz_doc_meta dm;
-        if ((rc = kvz_doc_load(m, st, doc_id, extra, (int32_t)budget, &kv, &dm))) {
+        if ((rc = kvzip_session_open(m, st, doc_id, &so, &ss))) {
             char part[600];
-            kvz_store_doc_info pi;
             snprintf(part, sizeof part, "%s#1", doc_id);
-            if (rc != KVZ_ERR_NOTFOUND) {
+            if (rc != KVZIP_ERR_NOTFOUND) {
                 cli_error(rc, "cannot load document '%s'", doc_id);
-            } else if (kvz_store_lookup(st, part, &pi) == 0) {
+            } else if (kvzip_store_has_doc(st, part) == 1) {
                 kvz_error_clear();
                 fprintf(stderr, "kvzip-query: error: document '%s' was stored in parts: query "
-                        "'%s#1', '%s#2', ... (kvzip-store ls lists them)\n", doc_id, doc_id, doc_id);
+                        "'%s#1', '%s#2', ... (kvzip-store ls lists them)\n", cli_escape(doc_id), cli_escape(doc_id), cli_escape(doc_id));
             } else {
                 kvz_error_clear();
                 fprintf(stderr, "kvzip-query: error: no document '%s' in the store (kvzip-store ls "
-                        "lists them)\n", doc_id);
+                        "lists them)\n", cli_escape(doc_id));
             }
             return cli_store_exit(rc);
         }
-        n_doc = dm.n_prefix + dm.n_ctx;
-        t_doc = dm.load_s;
+        kvzip_session_info_get(ss, &si);
         if (stats)
-            fprintf(stderr, "kvzip-query: document '%s': %d tokens, ratio %.2f, %llu of %lld KV rows "
-                    "kept, loaded in %.3f s\n", doc_id, n_doc, dm.ratio, (unsigned long long)dm.rows,
-                    (long long)n_doc * c->n_layer * c->n_kv_head, t_doc);
+            fprintf(stderr, "kvzip-query: document '%s': %d tokens, ratio %.2f, %llu of %llu KV rows "
+                    "kept, loaded in %.3f s\n", doc_id, si.doc_tokens, si.ratio,
+                    (unsigned long long)si.rows_kept, (unsigned long long)si.rows_full, si.load_s);
     } else {
-        if ((rc = kvz_chat_prefix(tok, &prompt)) ||
-            (rc = kvz_tokenizer_encode(tok, doc, doc_len, 0, &prompt))) {
-            cli_error(rc, "cannot tokenize the document");
+        if ((rc = kvzip_session_open_text(m, doc, doc_len, &so, &ss))) {
+            cli_error(rc, rc == KVZIP_ERR_NOMEM || rc == KVZIP_ERR_CUDA ? "prefill failed" :
+                      "cannot tokenize the document");
             return cli_exit_code(rc);
         }
-        n_doc = (int32_t)prompt.n;
-        if ((rc = kvz_kv_create(m, n_doc + extra, (int32_t)budget, &kv))) {
-            cli_error(rc, "cannot allocate the KV cache");
-            return cli_exit_code(rc);
-        }
-        double t0 = kvz_now();
-        /* the document always goes to the document region: prefill before the
-         * output buffer is used, in bounded passes */
-        rc = 0;
-        for (int32_t s0 = 0; s0 < n_doc && !rc; s0 += 4096) {
-            int32_t nb = n_doc - s0 < 4096 ? n_doc - s0 : 4096;
-            rc = kvz_forward(m, kv, prompt.ids + s0, nb, s0, NULL, KVZ_FWD_NO_LOGITS | KVZ_FWD_TO_DOC, NULL);
-        }
-        t_doc = kvz_now() - t0;
-        if (rc) {
-            cli_error(rc, "prefill failed");
-            return cli_exit_code(rc);
-        }
+        kvzip_session_info_get(ss, &si);
         if (stats)
             fprintf(stderr, "kvzip-query: document %d tokens prefilled in %.2f s (%.0f tok/s)\n",
-                    n_doc, t_doc, n_doc / t_doc);
+                    si.doc_tokens, si.load_s, si.doc_tokens / si.load_s);
     }
-    if ((int64_t)n_doc + max_q + max_tokens > c->n_ctx) {
+    if ((int64_t)si.doc_tokens + max_q + so.max_tokens > mi.n_ctx) {
         fprintf(stderr, "kvzip-query: warning: document (%d tokens) + question (%d) + --max-tokens "
-                "(%ld) exceed the model's trained context of %d tokens\n", n_doc, max_q, max_tokens,
-                c->n_ctx);
+                "(%d) exceed the model's trained context of %d tokens\n", si.doc_tokens, max_q,
+                so.max_tokens, mi.n_ctx);
     }
-    kvz_kv_checkpoint(kv);
     for (int i = 0; i < nq && !rc; i++) {
-        qt.n = 0;
-        kvz_chat_question(tok, questions[i], &qt);
-        answer_buf ab = {.tok = tok, .stream = !json};
-        kvz_gen_opts go = {.max_tokens = (int32_t)max_tokens, .on_token = on_token, .ctx = &ab,
-                           .stop_on_eos = 1};
-        kvz_sampler_init(&go.sampler, (float)temperature, (float)top_p, (uint64_t)seed);
         if (!json && nq > 1) printf("Q: %s\nA: ", questions[i]);
-        kvz_gen_stats gs;
-        rc = kvz_generate(m, kv, qt.ids, (int32_t)qt.n, n_doc, &go, NULL, NULL, &gs);
+        char *answer = NULL;
+        kvzip_answer_stats as;
+        rc = kvzip_ask(ss, questions[i], json ? NULL : on_piece, NULL, json ? &answer : NULL, &as);
         if (rc) {
             if (!json) putchar('\n');
             cli_error(rc, "generation failed");
             break;
         }
-        if (json) {
-            printf("{\"question\": ");
-            cli_json_str(stdout, questions[i], strlen(questions[i]));
-            printf(", \"answer\": ");
-            cli_json_str(stdout, ab.text ? ab.text : "", ab.len);
-            printf(", \"doc_tokens\": %d, \"question_tokens\": %d, \"answer_tokens\": %d, "
-                   "\"stopped\": %s, \"doc_prefill_s\": %.4f, \"ttft_s\": %.4f, "
-                   "\"decode_tok_s\": %.2f}\n", n_doc, gs.n_prompt, gs.n_gen,
-                   gs.stopped ? "true" : "false", t_doc, gs.prefill_s,
-                   gs.decode_s > 0 ? (gs.n_gen - 1) / gs.decode_s : 0.0);
-        } else {
-            putchar('\n');
-        }
+        if (json) print_json(questions[i], answer, &si, &as);
+        else putchar('\n');
+        kvzip_free(answer);
         fflush(stdout); /* the answer line before any --stats line on stderr */
-        if (stats)
-            fprintf(stderr, "kvzip-query: question %d: %d prompt tokens, first token %.3f s, "
-                    "%d tokens at %.1f tok/s\n", i + 1, gs.n_prompt, gs.prefill_s, gs.n_gen,
-                    gs.decode_s > 0 ? (gs.n_gen - 1) / gs.decode_s : 0.0);
-        free(ab.text);
         if (stats) {
-            kvz_kv_stats ks;
-            kvz_kv_get_stats(kv, &ks);
+            fprintf(stderr, "kvzip-query: question %d: %d prompt tokens, first token %.3f s, "
+                    "%d tokens at %.1f tok/s\n", i + 1, as.prompt_tokens, as.ttft_s, as.answer_tokens,
+                    as.decode_tok_s);
             fprintf(stderr, "kvzip-query: KV held %.2f MB (%lld document rows, output buffer %lld of "
-                    "%lld slots, %lld evictions)\n", ks.bytes_held / 1e6, (long long)ks.doc_rows,
-                    (long long)ks.out_used, (long long)ks.out_slots, (long long)ks.evictions);
+                    "%lld slots, %lld evictions)\n", as.kv_bytes_held / 1e6, (long long)as.kv_doc_rows,
+                    (long long)as.out_used, (long long)as.out_slots, (long long)as.evictions);
         }
-        kvz_kv_rollback(kv); /* back to the document for the next question */
     }
     fflush(stdout);
-    kvz_kv_free(kv);
-    kvz_tokens_free(&prompt);
-    kvz_tokens_free(&qt);
-    kvz_store_close(st);
-    kvz_model_free(m);
+    kvzip_session_close(ss);
+    kvzip_store_close(st);
+    kvzip_model_close(m);
     free(doc);
     free(questions);
     return rc ? cli_exit_code(rc) : 0;

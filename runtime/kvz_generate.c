@@ -1,6 +1,7 @@
 #include "kvz_generate.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -19,15 +20,90 @@ static int encode_special(const kvz_tokenizer *tok, const char *s, kvz_tokens *o
     return kvz_tokenizer_encode(tok, s, strlen(s), KVZ_TOK_SPECIAL, out);
 }
 
+/* The literal system text a ChatML template inserts when the conversation has none:
+ * what follows "<|im_start|>system" and a newline (written raw or as the Jinja escape
+ * \n) up to "<|im_end|>", if it is plain text (no Jinja inside). 1 if found. */
+static int chatml_default_system(const char *t, char *out, size_t cap)
+{
+    static const char open[] = "<|im_start|>system";
+    for (const char *p = strstr(t, open); p; p = strstr(p + 1, open)) {
+        const char *q = p + sizeof open - 1;
+        if (*q == '\n') q++;
+        else if (q[0] == '\\' && q[1] == 'n') q += 2;
+        else continue;
+        const char *e = strstr(q, "<|im_end|>");
+        if (!e || (size_t)(e - q) >= cap || e == q) continue;
+        if (memchr(q, '{', (size_t)(e - q)) || memchr(q, '\'', (size_t)(e - q)) ||
+            memchr(q, '"', (size_t)(e - q)) || memchr(q, '\\', (size_t)(e - q)))
+            continue;
+        memcpy(out, q, (size_t)(e - q));
+        out[e - q] = 0;
+        return 1;
+    }
+    return 0;
+}
+
+void kvz_chat_template(const kvz_tokenizer *tok, kvz_chat_tmpl *out)
+{
+    kvz_chat_template_parse(tok ? kvz_tokenizer_chat_template(tok) : NULL, out);
+}
+
+void kvz_chat_template_parse(const char *t, kvz_chat_tmpl *out)
+{
+    memset(out, 0, sizeof *out);
+    if (t && strstr(t, "<|start_header_id|>")) {
+        out->family = KVZ_CHAT_LLAMA3;
+        snprintf(out->name, sizeof out->name, "llama3");
+        return; /* Llama-3's template has no default system text */
+    }
+    out->family = KVZ_CHAT_CHATML;
+    if (t && strstr(t, "<|im_start|>")) {
+        if (chatml_default_system(t, out->system, sizeof out->system)) {
+            snprintf(out->name, sizeof out->name, "%s", strstr(out->system, "SmolLM") ? "smollm" :
+                     strstr(out->system, "Qwen") ? "qwen2.5" : "chatml");
+            return;
+        }
+        snprintf(out->name, sizeof out->name, "chatml"); /* no default system turn */
+        return;
+    }
+    snprintf(out->name, sizeof out->name, "chatml");
+    snprintf(out->system, sizeof out->system, "%s", KVZ_SYSTEM_TEXT);
+}
+
 int kvz_chat_prefix(const kvz_tokenizer *tok, kvz_tokens *out)
 {
-    return encode_special(tok, "<|im_start|>system\n" KVZ_SYSTEM_TEXT "<|im_end|>\n<|im_start|>user\n"
-                          KVZ_INSTRUCTION "\n\n", out);
+    return kvz_chat_prefix_sys(tok, NULL, out);
+}
+
+int kvz_chat_prefix_sys(const kvz_tokenizer *tok, const char *system, kvz_tokens *out)
+{
+    kvz_chat_tmpl ct;
+    kvz_chat_template(tok, &ct);
+    if (system && strlen(system) >= KVZ_CHAT_SYSTEM_MAX)
+        return kvz_error_set(KVZ_ERR_ARG, "system text longer than %d bytes", KVZ_CHAT_SYSTEM_MAX - 1);
+    if (!system) system = ct.system;
+    const int llama3 = ct.family == KVZ_CHAT_LLAMA3;
+    int rc = 0;
+    if (llama3) rc = encode_special(tok, "<|begin_of_text|>", out);
+    if (!rc && system[0]) {
+        rc = encode_special(tok, llama3 ? "<|start_header_id|>system<|end_header_id|>\n\n" :
+                            "<|im_start|>system\n", out);
+        if (!rc) rc = kvz_tokenizer_encode(tok, system, strlen(system), 0, out);
+        if (!rc) rc = encode_special(tok, llama3 ? "<|eot_id|>" : "<|im_end|>\n", out);
+    }
+    if (!rc)
+        rc = encode_special(tok, llama3 ? "<|start_header_id|>user<|end_header_id|>\n\n" KVZ_INSTRUCTION "\n\n" :
+                            "<|im_start|>user\n" KVZ_INSTRUCTION "\n\n", out);
+    return rc;
 }
 
 int kvz_chat_postfix(const kvz_tokenizer *tok, kvz_tokens *out)
 {
-    return encode_special(tok, "<|im_end|>\n<|im_start|>assistant\n", out);
+    kvz_chat_tmpl ct;
+    kvz_chat_template(tok, &ct);
+    return encode_special(tok, ct.family == KVZ_CHAT_LLAMA3 ?
+                          "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n" :
+                          "<|im_end|>\n<|im_start|>assistant\n", out);
 }
 
 int kvz_chat_question(const kvz_tokenizer *tok, const char *question, kvz_tokens *out)
@@ -41,7 +117,7 @@ int kvz_chat_question(const kvz_tokenizer *tok, const char *question, kvz_tokens
 
 int kvz_chat_is_stop(const kvz_tokenizer *tok, int32_t id)
 {
-    static const char *stops[] = {"<|im_end|>", "<|endoftext|>"};
+    static const char *stops[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>"};
     if (id == kvz_tokenizer_eos(tok)) return 1;
     for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++)
         if (id == kvz_tokenizer_find(tok, stops[i])) return 1;

@@ -1,7 +1,7 @@
 /**
  * @file kvz_generate.h
- * @brief Sampling, the ChatML prompt layout shared by ingest and query, and the
- *        decode loop.
+ * @brief Sampling, the chat prompt layout (from the model's chat template) shared by
+ *        ingest and query, and the decode loop.
  */
 #ifndef KVZ_GENERATE_H
 #define KVZ_GENERATE_H
@@ -15,27 +15,71 @@
 extern "C" {
 #endif
 
-/** System text and instruction line of the cached prefix (DESIGN §3). */
+/**
+ * Chat layout (DESIGN §3). Every cache starts with a system prefix that ends with the
+ * instruction line; the document follows; a question closes the user turn and opens
+ * the assistant turn. The layout comes from the model's GGUF `tokenizer.chat_template`
+ * (kvz_chat_template), recognised by its control tokens:
+ *
+ *   ChatML (SmolLM2, Qwen2.5, ...):
+ *     prefix   "<|im_start|>system\n" SYSTEM "<|im_end|>\n<|im_start|>user\n" INSTRUCTION "\n\n"
+ *     question "\n\nQuestion: " QUESTION "<|im_end|>\n<|im_start|>assistant\n"
+ *   Llama-3:
+ *     prefix   "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n" SYSTEM "<|eot_id|>"
+ *              "<|start_header_id|>user<|end_header_id|>\n\n" INSTRUCTION "\n\n"
+ *     question "\n\nQuestion: " QUESTION "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+ *
+ * SYSTEM is a parameter; its default is the family's own: the literal system text the
+ * template inserts when the conversation has none (SmolLM2: KVZ_SYSTEM_TEXT; Qwen2.5:
+ * "You are Qwen, created by Alibaba Cloud. ..."), none for Llama-3 (the system turn is
+ * then left out, as its template does), and KVZ_SYSTEM_TEXT for a model without a
+ * template (synthetic models, older GGUFs: ChatML as before). An empty SYSTEM leaves the
+ * system turn out. A template that is neither layout falls back to ChatML.
+ *
+ * The stored caches depend on these tokens: for SmolLM2 the prefix is byte-identical to
+ * the one every existing store and golden was made with (tests/fast/test_chat.c).
+ */
 #define KVZ_SYSTEM_TEXT "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 #define KVZ_INSTRUCTION "Given the context, answer to the following question or request without explanation."
+#define KVZ_CHAT_SYSTEM_MAX 1024   /**< bytes of system text, incl. NUL */
+
+enum { KVZ_CHAT_CHATML = 0, KVZ_CHAT_LLAMA3 = 1 };
+
+/** A recognised chat layout. */
+typedef struct kvz_chat_tmpl {
+    int32_t family;                   /**< KVZ_CHAT_* */
+    char name[16];                    /**< "smollm", "qwen2.5", "chatml", "llama3" */
+    char system[KVZ_CHAT_SYSTEM_MAX]; /**< the family's default system text ("" = none) */
+} kvz_chat_tmpl;
 
 /**
- * Tokens of the system prefix kept in every cache:
- * "<|im_start|>system\n" SYSTEM "<|im_end|>\n<|im_start|>user\n" INSTRUCTION "\n\n".
+ * Recognise @p tok's chat template (kvz_tokenizer_chat_template). Never fails: an
+ * absent or unknown template gives ChatML with KVZ_SYSTEM_TEXT ("chatml").
+ */
+void kvz_chat_template(const kvz_tokenizer *tok, kvz_chat_tmpl *out);
+/** The same from the Jinja source @p jinja (NULL: no template). */
+void kvz_chat_template_parse(const char *jinja, kvz_chat_tmpl *out);
+
+/**
+ * Tokens of the system prefix kept in every cache, with the default system text.
  * Appends to @p out. @return 0, KVZ_ERR_NOMEM.
  */
 int kvz_chat_prefix(const kvz_tokenizer *tok, kvz_tokens *out);
 
 /**
- * Tokens that follow the context for a question:
- * "\n\nQuestion: " QUESTION "<|im_end|>\n<|im_start|>assistant\n". Appends to @p out.
+ * Same with system text @p system (NULL: the family's default; "": no system turn).
+ * The system text is data: special-token strings in it are not parsed.
+ * @return 0, KVZ_ERR_NOMEM, KVZ_ERR_ARG (@p system longer than KVZ_CHAT_SYSTEM_MAX - 1).
  */
+int kvz_chat_prefix_sys(const kvz_tokenizer *tok, const char *system, kvz_tokens *out);
+
+/** Tokens that follow the context for a question (see above). Appends to @p out. */
 int kvz_chat_question(const kvz_tokenizer *tok, const char *question, kvz_tokens *out);
 
-/** The assistant-turn postfix "<|im_end|>\n<|im_start|>assistant\n". Appends to @p out. */
+/** The assistant-turn postfix (ChatML "<|im_end|>\n<|im_start|>assistant\n"). Appends to @p out. */
 int kvz_chat_postfix(const kvz_tokenizer *tok, kvz_tokens *out);
 
-/** 1 if @p id ends an answer (EOS or <|im_end|>). */
+/** 1 if @p id ends an answer (EOS, <|im_end|>, <|endoftext|>, <|eot_id|>, <|end_of_text|>). */
 int kvz_chat_is_stop(const kvz_tokenizer *tok, int32_t id);
 
 typedef struct kvz_sampler {

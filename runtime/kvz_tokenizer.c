@@ -70,6 +70,7 @@ struct kvz_tokenizer {
     int32_t *spec;            /* special ids, longest string first */
     int32_t n_spec;
     uint8_t spec_first[256];  /* 1 if some special string starts with this byte */
+    char *chat_template;      /* GGUF tokenizer.chat_template (Jinja source), or NULL */
 };
 
 /* ------------------------------------------------------------------------- */
@@ -302,6 +303,7 @@ void kvz_tokenizer_free(kvz_tokenizer *t)
     free(t->piece); free(t->piece_off); free(t->type);
     free(t->dec); free(t->dec_off); free(t->vslot);
     free(t->mkey); free(t->mrank); free(t->mnew); free(t->spec);
+    free(t->chat_template);
     free(t);
 }
 
@@ -521,6 +523,15 @@ int kvz_tokenizer_from_gguf(const kvz_gguf *g, kvz_tokenizer **out)
     if (kvz_gguf_get_i64(g, "tokenizer.ggml.eos_token_id", &v) == 0 && v >= 0 && v < INT32_MAX) eos = (int32_t)v;
     kvz_error_clear();
     rc = kvz_tokenizer_from_vocab(tokens, types, n_vocab, merges, n_merges, pre_name, bos, eos, out);
+    kvz_str tmpl; /* optional: the chat layout is recognised from it (kvz_generate.c) */
+    if (rc == 0 && kvz_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == 0 && tmpl.len < (1u << 20)) {
+        if (!((*out)->chat_template = strndup(tmpl.ptr, tmpl.len))) {
+            kvz_tokenizer_free(*out);
+            *out = NULL;
+            rc = KVZ_ERR_NOMEM;
+        }
+    }
+    kvz_error_clear();
 done:
     free(types);
     free(tokens);
@@ -761,6 +772,7 @@ int32_t kvz_tokenizer_n_vocab(const kvz_tokenizer *t) { return t->n_vocab; }
 int32_t kvz_tokenizer_byte_token(const kvz_tokenizer *t, uint8_t byte) { return t->byte_tok[byte]; }
 int32_t kvz_tokenizer_bos(const kvz_tokenizer *t) { return t->bos; }
 int32_t kvz_tokenizer_eos(const kvz_tokenizer *t) { return t->eos; }
+const char *kvz_tokenizer_chat_template(const kvz_tokenizer *t) { return t->chat_template; }
 
 int32_t kvz_tokenizer_find(const kvz_tokenizer *t, const char *piece)
 {

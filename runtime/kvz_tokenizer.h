@@ -137,6 +137,9 @@ int32_t kvz_tokenizer_byte_token(const kvz_tokenizer *t, uint8_t byte);
 int32_t kvz_tokenizer_find(const kvz_tokenizer *t, const char *piece);
 int32_t kvz_tokenizer_bos(const kvz_tokenizer *t);     /**< -1 if none */
 int32_t kvz_tokenizer_eos(const kvz_tokenizer *t);     /**< -1 if none */
+/** GGUF tokenizer.chat_template (Jinja source, owned by the tokenizer), or NULL when the
+ *  model has none (and for kvz_tokenizer_bytes / kvz_tokenizer_from_vocab). */
+const char *kvz_tokenizer_chat_template(const kvz_tokenizer *t);
 /** 1 if @p id is a control / special token (not printed in answers). */
 int kvz_tokenizer_is_special(const kvz_tokenizer *t, int32_t id);
 
