@@ -36,6 +36,19 @@
  *     makes the inner begin wait until that growth gives up (60 s).
  *   - Stale reader slots of killed processes are cleared at open.
  *
+ * Damaged files
+ *   - LMDB trusts its file. kvz_store_open refuses (KVZ_ERR_FORMAT, detail
+ *     "store damaged: ...") an empty data.mdb, one shorter than its meta pages,
+ *     and one shorter than the pages its B-tree uses (pages past the end that are
+ *     all on LMDB's free list are fine).
+ *   - Every call that walks LMDB pages runs under a SIGBUS/SIGSEGV guard (handlers
+ *     installed once per process, on first use; a fault outside a guarded call
+ *     goes to the handler that was there before): a damaged page ends the call
+ *     with KVZ_ERR_FORMAT "store damaged: ... hit an unreadable page" naming what
+ *     was being read, never a crash. Walks are bounded by the number of pages.
+ *   - kvz_store_salvage copies every document that still reads back intact into
+ *     a new store.
+ *
  * Errors: 0 or a negative KVZ_ERR_*; LMDB/errno codes are kept in
  * kvz_error_detail(). Nothing prints or exits.
  */
@@ -59,6 +72,8 @@ extern "C" {
 enum {
     KVZ_STORE_CREATE = 1u,   /**< create the directory / databases if missing */
     KVZ_STORE_READONLY = 2u, /**< read-only environment: writes return KVZ_ERR_ARG */
+    KVZ_STORE_SALVAGE = 4u,  /**< with READONLY: open a store whose data.mdb is cut short
+                                  (refused otherwise) to copy out what is intact */
 };
 
 /** What kvz_store_put_doc() did (its *status). */
@@ -218,8 +233,11 @@ int kvz_store_read_doc(kvz_store_read *r, const char *doc_id, kvz_store_doc_info
  * checksum; the payload is checked when decoded).
  * @param rec,len  out: points into the LMDB map — read only, VALID ONLY UNTIL
  *                 kvz_store_read_end(r). Decode it with kvz_blob_decode_meta().
- * @return 0; KVZ_ERR_NOTFOUND; KVZ_ERR_CHECKSUM / KVZ_ERR_TRUNCATED /
- *         KVZ_ERR_FORMAT / KVZ_ERR_VERSION (corrupt record); KVZ_ERR_LMDB.
+ * @return 0; KVZ_ERR_NOTFOUND (no such record; but when @p hash is the blob of
+ *         the document last read with kvz_store_read_doc(r), a missing record is
+ *         damage: KVZ_ERR_FORMAT "store damaged: document 'ID' ... is missing");
+ *         KVZ_ERR_CHECKSUM / KVZ_ERR_TRUNCATED / KVZ_ERR_FORMAT / KVZ_ERR_VERSION
+ *         (corrupt record); KVZ_ERR_LMDB.
  */
 int kvz_store_read_meta(kvz_store_read *r, const uint8_t hash[16], const uint8_t **rec,
                         size_t *len);
@@ -231,6 +249,16 @@ int kvz_store_read_meta(kvz_store_read *r, const uint8_t hash[16], const uint8_t
  */
 int kvz_store_read_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l,
                          const uint8_t **rec, size_t *len);
+
+/**
+ * The first document whose id sorts after @p after (NULL or "": the first one), in
+ * @p r's snapshot: its id into @p id (NUL-terminated) and its info. One step of a
+ * walk that can go on past a damaged stretch of "docs" by seeking further on.
+ * @return 0; KVZ_ERR_NOTFOUND (no more); KVZ_ERR_FORMAT (damaged entry or page);
+ *         KVZ_ERR_VERSION; KVZ_ERR_LMDB.
+ */
+int kvz_store_read_next_doc(kvz_store_read *r, const char *after, char id[KVZ_STORE_DOC_ID_MAX + 1],
+                            kvz_store_doc_info *info);
 
 /* ------------------------------------------------------------------------- */
 /* Maintenance: verify, garbage-collect, compact                              */
