@@ -295,7 +295,8 @@ int main(int argc, char **argv)
             if (rc) {
                 cli_error(rc, "%s", id);
                 doc_failed = 1;
-                if (rc == KVZ_ERR_FULL || rc == KVZ_ERR_MODEL || rc == KVZ_ERR_LMDB) {
+                if (rc == KVZ_ERR_FULL || rc == KVZ_ERR_MODEL || rc == KVZ_ERR_LMDB ||
+                    rc == KVZ_ERR_BUSY /* store replaced by gc --compact: every later write fails too */) {
                     failed++;
                     goto summary; /* the store cannot take more: stop */
                 }

@@ -1163,9 +1163,8 @@ int kvz_store_read_next_doc(kvz_store_read *r, const char *after, char id[KVZ_ST
     }
     if (d.rc == MDB_NOTFOUND) return KVZ_ERR_NOTFOUND;
     if (d.rc) return lmdb_err(d.rc, "walk docs");
-    if (d.err) return d.err;
-    memcpy(id, d.id, strlen(d.id) + 1);
-    return 0;
+    memcpy(id, d.id, strlen(d.id) + 1); /* also when only its entry does not decode */
+    return d.err;
 }
 
 int kvz_store_list(kvz_store *s,

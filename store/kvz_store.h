@@ -254,8 +254,9 @@ int kvz_store_read_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l,
  * The first document whose id sorts after @p after (NULL or "": the first one), in
  * @p r's snapshot: its id into @p id (NUL-terminated) and its info. One step of a
  * walk that can go on past a damaged stretch of "docs" by seeking further on.
- * @return 0; KVZ_ERR_NOTFOUND (no more); KVZ_ERR_FORMAT (damaged entry or page);
- *         KVZ_ERR_VERSION; KVZ_ERR_LMDB.
+ * @return 0; KVZ_ERR_NOTFOUND (no more); KVZ_ERR_FORMAT / KVZ_ERR_VERSION (an entry
+ *         that does not decode: @p id is set when its key was readable, "" if not;
+ *         or a damaged page); KVZ_ERR_LMDB.
  */
 int kvz_store_read_next_doc(kvz_store_read *r, const char *after, char id[KVZ_STORE_DOC_ID_MAX + 1],
                             kvz_store_doc_info *info);
@@ -359,6 +360,35 @@ int kvz_store_gc(kvz_store *s, kvz_store_gc_result *res);
  *         untouched); KVZ_ERR_BUSY; KVZ_ERR_LMDB; KVZ_ERR_NOMEM.
  */
 int kvz_store_compact(kvz_store *s, uint64_t *bytes_before, uint64_t *bytes_after);
+
+/** kvz_store_salvage() output. */
+typedef struct kvz_store_salvage_result {
+    uint64_t n_docs;    /**< documents found in the source */
+    uint64_t n_copied;  /**< copied to the new store, every record decoded intact */
+    uint64_t n_lost;    /**< documents found but not copied (damaged) */
+    uint64_t n_gaps;    /**< stretches of "docs" that could not be read (ids unknown) */
+} kvz_store_salvage_result;
+
+/**
+ * Lost-document callback of kvz_store_salvage(): @p doc_id is the document (NULL
+ * for a stretch of the index that could not be read), @p msg one line. Return
+ * nonzero to stop.
+ */
+typedef int (*kvz_store_lost_fn)(void *user, const char *doc_id, int err, const char *msg);
+
+/**
+ * Copy every document of @p src whose entry and records read back intact (the
+ * META record decodes with the store's model, every layer decodes completely)
+ * into a new store in @p dst_dir, keeping ids, doc info and shared blobs. Reads
+ * go on past damaged pages: an unreadable stretch of the doc index is skipped by
+ * seeking to the next possible ids. @p src may be opened with
+ * KVZ_STORE_READONLY | KVZ_STORE_SALVAGE (a data.mdb cut short).
+ * @return 0 when the walk completed (look at res->n_lost / n_gaps); KVZ_ERR_ARG
+ *         (@p dst_dir already holds a store); the callback's nonzero value; or an
+ *         error opening / writing the new store (KVZ_ERR_IO, KVZ_ERR_FULL, ...).
+ */
+int kvz_store_salvage(kvz_store *src, const char *dst_dir, kvz_store_lost_fn cb, void *user,
+                      kvz_store_salvage_result *res);
 
 #ifdef __cplusplus
 }
