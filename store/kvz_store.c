@@ -1146,6 +1146,7 @@ int kvz_store_read_next_doc(kvz_store_read *r, const char *after, char id[KVZ_ST
                             kvz_store_doc_info *info)
 {
     if (!r || !id || !info) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    id[0] = 0; /* set again only when an entry's key was read */
     docstep_ctx d;
     memset(&d, 0, sizeof d);
     d.s = r->s;
