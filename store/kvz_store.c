@@ -1304,7 +1304,7 @@ static int collect_doc_hashes(kvz_store *s, MDB_txn *txn, hash_set *hs, int stri
     free(info);
     mdb_cursor_close(c);
     if (!err && rc && rc != MDB_NOTFOUND) err = lmdb_err(rc, "walk docs");
-    if (err) { free(hs->h); hs->h = NULL; return err; }
+    if (err) { free(hs->h); hs->h = NULL; hs->n = 0; return err; }
     qsort(hs->h, hs->n, 16, cmp_hash);
     return 0;
 }
