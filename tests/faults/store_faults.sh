@@ -27,7 +27,7 @@ export OMP_NUM_THREADS=1  # the workers already use every core
 seed=${KVZ_TEST_SEED:-1814}
 n_flips=${KVZ_FAULT_FLIPS:-200}
 n_kills=${KVZ_FAULT_KILLS:-20}
-jobs_n=${KVZ_FAULT_JOBS:-$(nproc)}
+jobs_n=${KVZ_FAULT_JOBS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}  # nproc obeys OMP_NUM_THREADS
 RANDOM=$seed
 echo "faults: seed $seed (KVZ_TEST_SEED), $n_flips flips, $n_kills kills, 10 truncations, $jobs_n workers"
 t_start=$(now)
