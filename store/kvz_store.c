@@ -579,6 +579,7 @@ static int check_data_file(const char *dir)
 typedef struct {
     kvz_store *s;
     MDB_txn *txn;
+    MDB_cursor *c; /* open while walking: closed by the caller after a fault */
     uint64_t have, need, free_missing;
 } tail_ctx;
 
@@ -588,6 +589,7 @@ static int tail_walk(void *vc)
     MDB_cursor *c;
     int rc = mdb_cursor_open(t->txn, 0 /* FREE_DBI */, &c);
     if (rc) return lmdb_err(rc, "free list");
+    t->c = c;
     MDB_val k, v;
     const uint64_t bound = entry_bound(t->s->env);
     uint64_t steps = 0;
@@ -601,6 +603,7 @@ static int tail_walk(void *vc)
             if (ids[i] >= t->have && ids[i] < t->need) t->free_missing++;
     }
     mdb_cursor_close(c);
+    t->c = NULL;
     return rc == MDB_NOTFOUND || rc == 0 ? 0 : lmdb_err(rc, "free list");
 }
 
@@ -614,11 +617,12 @@ static int check_tail(kvz_store *s)
     mdb_env_info(s->env, &ei);
     mdb_env_stat(s->env, &es);
     if (stat(path, &st) || !es.ms_psize) return 0;
-    tail_ctx t = {s, NULL, (uint64_t)st.st_size / es.ms_psize, (uint64_t)ei.me_last_pgno + 1, 0};
+    tail_ctx t = {s, NULL, NULL, (uint64_t)st.st_size / es.ms_psize, (uint64_t)ei.me_last_pgno + 1, 0};
     if (t.have >= t.need) return 0;
     int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &t.txn);
     if (rc) return lmdb_err(rc, "begin read txn");
     int sig = 0, err = guarded(tail_walk, &t, &sig);
+    if (t.c) mdb_cursor_close(t.c);
     mdb_txn_abort(t.txn);
     if (err == FAULT_INTERNAL || (!err && t.free_missing < t.need - t.have))
         return damaged("%s is %lld bytes, but its B-tree uses %llu pages of %u bytes (%llu "
@@ -1111,6 +1115,7 @@ typedef struct {
     size_t after_len;
     char id[KVZ_STORE_DOC_ID_MAX + 1];
     kvz_store_doc_info *info;
+    MDB_cursor *c; /* open while stepping: closed by the caller after a fault */
     int rc, err;
 } docstep_ctx;
 
@@ -1120,6 +1125,7 @@ static int docstep_fn(void *vc)
     MDB_cursor *c;
     d->rc = mdb_cursor_open(d->txn, d->s->docs, &c);
     if (d->rc) return 0;
+    d->c = c;
     MDB_val k, v;
     if (!d->after) {
         d->rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
@@ -1139,6 +1145,7 @@ static int docstep_fn(void *vc)
         }
     }
     mdb_cursor_close(c);
+    d->c = NULL;
     return 0;
 }
 
@@ -1157,6 +1164,7 @@ int kvz_store_read_next_doc(kvz_store_read *r, const char *after, char id[KVZ_ST
     if (after && !d.after_len) d.after = NULL;
     int sig = 0;
     if (guarded(docstep_fn, &d, &sig) == FAULT_INTERNAL) {
+        if (d.c) mdb_cursor_close(d.c);
         char what[300];
         if (after) snprintf(what, sizeof what, "listing the documents after '" ID_FMT "'", after);
         else snprintf(what, sizeof what, "listing the documents");
