@@ -1,5 +1,6 @@
 /* kvzip-store: list, inspect, verify, garbage-collect and compact a kvzip store. */
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,7 @@
 static void usage(void)
 {
     printf(
-        "usage: kvzip-store [--store DIR] [--json] COMMAND [ARG]\n"
+        "usage: kvzip-store [--store DIR] [--json] COMMAND [ARG] [--] [ID]\n"
         "\n"
         "Commands:\n"
         "  ls              one line per document: id, tokens, kept ratio, stored bytes,\n"
@@ -36,22 +37,136 @@ static void usage(void)
         "                  Needs free disk space about the size of the data in use.\n"
         "  stats           totals: documents, blobs, records, tokens, KV bytes (full,\n"
         "                  kept, stored), compression, map and file size, last txn id\n"
+        "  salvage DST     copy every document that still reads back intact (entry,\n"
+        "                  META and every layer decode) into a new store in folder DST;\n"
+        "                  prints one line per document it could not copy. Works on a\n"
+        "                  damaged store (a data.mdb cut short or with damaged pages);\n"
+        "                  the store itself is only read. Exit 0 when nothing was lost\n"
+        "                  and 5 when something was\n"
         "\n"
         "Options:\n"
         "  --store DIR     store folder (default: $KVZ_STORE or ./%s)\n"
         "  --json          machine-readable output: one JSON object on stdout\n"
         "  -h, --help      this text\n"
+        "  --              end of options: an id that begins with '-' (rm -- -x.txt)\n"
+        "\n"
+        "Ids and messages are printed with control characters escaped (\\n, \\r, \\t,\n"
+        "\\\\, \\xHH, \\u00HH for C1 codes), so a file name cannot drive the terminal or\n"
+        "fake an ls row; --json escapes them as JSON does.\n"
+        "\n"
+        "A damaged store (truncated data.mdb, damaged pages) is refused with 'store\n"
+        "damaged: ...' and exit 5 by every command except salvage; docs/ERRORS.md says\n"
+        "how to recover.\n"
         "\n"
         "Readers (ls, show, verify, stats) see a consistent snapshot and may run while\n"
         "kvzip-ingest writes. rm and gc wait for a running writer to finish.\n"
         "\n"
-        "Exit status: 0 ok; 2 usage; 5 store problem (verify found problems, corrupt or\n"
-        "unreadable store, store full); 6 store or document not found; 1 other errors\n"
+        "Exit status: 0 ok; 2 usage; 5 store problem (verify found problems, damaged,\n"
+        "corrupt or unreadable store, store full, salvage lost documents); 6 store or\n"
+        "document not found; 1 other errors\n"
         "(docs/ERRORS.md).\n",
         KVZ_DEFAULT_STORE);
 }
 
 static int json;
+
+/* @p s for a terminal: C0 controls, DEL and backslash as \n \r \t \\ \xHH, UTF-8
+ * encoded C1 controls as \u00HH, bytes that are not UTF-8 as \xHH; everything
+ * else as is. Returns @p buf (truncated to @p cap). */
+static const char *esc(const char *s, char *buf, size_t cap)
+{
+    static const char hx[] = "0123456789abcdef";
+    size_t o = 0;
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p && o + 8 < cap) {
+        unsigned c = *p;
+        if (c == '\\') { buf[o++] = '\\'; buf[o++] = '\\'; p++; continue; }
+        if (c == '\n' || c == '\r' || c == '\t') {
+            buf[o++] = '\\';
+            buf[o++] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+            p++;
+            continue;
+        }
+        if (c < 0x20 || c == 0x7f) {
+            buf[o++] = '\\'; buf[o++] = 'x'; buf[o++] = hx[c >> 4]; buf[o++] = hx[c & 15];
+            p++;
+            continue;
+        }
+        if (c < 0x80) { buf[o++] = (char)c; p++; continue; }
+        /* a UTF-8 sequence: length from the lead byte, continuation bytes checked */
+        int n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        int ok = n > 0;
+        for (int i = 1; ok && i < n; i++) ok = (p[i] & 0xc0) == 0x80;
+        if (!ok) {
+            buf[o++] = '\\'; buf[o++] = 'x'; buf[o++] = hx[c >> 4]; buf[o++] = hx[c & 15];
+            p++;
+            continue;
+        }
+        if (n == 2 && c == 0xc2 && p[1] < 0xa0) { /* U+0080..U+009F: C1 controls */
+            memcpy(buf + o, "\\u00", 4);
+            o += 4;
+            buf[o++] = hx[p[1] >> 4];
+            buf[o++] = hx[p[1] & 15];
+            p += 2;
+            continue;
+        }
+        for (int i = 0; i < n; i++) buf[o++] = (char)p[i];
+        p += n;
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+#define ESC_CAP 8192
+/* esc() into one of 4 static slots, so one printf may escape several strings */
+static const char *E(const char *s)
+{
+    static char slots[4][ESC_CAP];
+    static int next;
+    char *b = slots[next];
+    next = (next + 1) % 4;
+    return esc(s, b, ESC_CAP);
+}
+
+/* The cli_error() line, escaped as a whole: ids and library details may hold any byte. */
+__attribute__((format(printf, 2, 3)))
+static void store_error(int rc, const char *fmt, ...)
+{
+    char what[2048], line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    const char *detail = kvz_error_detail();
+    if (detail[0]) snprintf(line, sizeof line, "%s: %s (%s)", what, detail, kvz_strerror(rc));
+    else snprintf(line, sizeof line, "%s: %s", what, kvz_strerror(rc));
+    fprintf(stderr, "kvzip-store: error: %s\n", E(line));
+    kvz_error_clear();
+}
+
+/* "no document" for @p id, with a hint when it was stored in parts (ID#1, ID#2, ...). */
+static void no_doc(kvz_store *s, const char *path, const char *id)
+{
+    char part[KVZ_STORE_DOC_ID_MAX + 32];
+    kvz_store_doc_info *pi = malloc(sizeof *pi);
+    int n = 0;
+    while (pi && n < 1000000) {
+        snprintf(part, sizeof part, "%s#%d", id, n + 1);
+        if (strlen(part) > KVZ_STORE_DOC_ID_MAX || kvz_store_lookup(s, part, pi) != 0) break;
+        n++;
+    }
+    free(pi);
+    kvz_error_clear();
+    if (n == 1)
+        fprintf(stderr, "kvzip-store: error: no document '%s' in %s: it was stored in parts: '%s#1' "
+                "(kvzip-store ls lists them)\n", E(id), E(path), E(id));
+    else if (n > 1)
+        fprintf(stderr, "kvzip-store: error: no document '%s' in %s: it was stored in parts: "
+                "'%s#1'..'%s#%d' (kvzip-store ls lists them)\n", E(id), E(path), E(id), E(id), n);
+    else
+        fprintf(stderr, "kvzip-store: error: no document '%s' in %s (list them with kvzip-store ls)\n",
+                E(id), E(path));
+}
 
 /* Exit code of a store operation: 6 not found, 2 usage, 1 out of memory or a
  * bug, 5 anything wrong with the store itself (corrupt, other version, LMDB, full). */
@@ -130,7 +245,7 @@ static int ls_cb(void *u, const char *id, const kvz_store_doc_info *in)
     } else {
         char b[32];
         fmt_bytes(in->bytes_stored, b);
-        printf("%-40s %8" PRIu64 " %6.3f %10s %7.2fx  %s\n", id, in->n_tokens, in->ratio, b,
+        printf("%-40s %8" PRIu64 " %6.3f %10s %7.2fx  %s\n", E(id), in->n_tokens, in->ratio, b,
                ratio_of(in->bytes_kv_full, in->bytes_stored), date);
     }
     st->n++;
@@ -150,7 +265,7 @@ static int cmd_ls(kvz_store *s, const char *path)
     int rc = kvz_store_list(s, ls_cb, &st);
     if (json) printf("%s]}\n", st.n ? "\n  " : "");
     if (rc) {
-        cli_error(rc, "cannot list %s", path);
+        store_error(rc, "cannot list %s", path);
         return store_exit(rc);
     }
     return EXIT_OK;
@@ -163,36 +278,31 @@ static int cmd_show(kvz_store *s, const char *path, const char *id)
 {
     kvz_store_read *r;
     int rc = kvz_store_read_begin(s, &r);
-    if (rc) { cli_error(rc, "cannot read %s", path); return store_exit(rc); }
+    if (rc) { store_error(rc, "cannot read %s", path); return store_exit(rc); }
     kvz_store_doc_info *in = malloc(sizeof *in);
     kvz_blob_meta m = {0};
     uint64_t *rec_bytes = NULL, *raw_bytes = NULL;
     uint64_t meta_bytes = 0;
-    if (!in) { rc = KVZ_ERR_NOMEM; cli_error(rc, "show"); goto out; }
+    if (!in) { rc = KVZ_ERR_NOMEM; store_error(rc, "show"); goto out; }
     if ((rc = kvz_store_read_doc(r, id, in))) {
-        if (rc == KVZ_ERR_NOTFOUND) {
-            fprintf(stderr, "kvzip-store: error: no document '%s' in %s (list them with "
-                    "kvzip-store ls)\n", id, path);
-            kvz_error_clear();
-        } else {
-            cli_error(rc, "cannot read document '%s'", id);
-        }
+        if (rc == KVZ_ERR_NOTFOUND) no_doc(s, path, id);
+        else store_error(rc, "cannot read document '%s'", id);
         goto out;
     }
     const uint8_t *rec;
     size_t len;
     if ((rc = kvz_store_read_meta(r, in->hash, &rec, &len)) ||
         (rc = kvz_blob_decode_meta(rec, len, NULL, &m))) {
-        cli_error(rc, "document '%s': cannot read its blob's META record", id);
+        store_error(rc, "document '%s': cannot read its blob's META record", id);
         goto out;
     }
     meta_bytes = len;
     rec_bytes = calloc(m.n_layer, sizeof *rec_bytes);
     raw_bytes = calloc(m.n_layer, sizeof *raw_bytes);
-    if (!rec_bytes || !raw_bytes) { rc = KVZ_ERR_NOMEM; cli_error(rc, "show"); goto out; }
+    if (!rec_bytes || !raw_bytes) { rc = KVZ_ERR_NOMEM; store_error(rc, "show"); goto out; }
     for (uint32_t l = 0; l < m.n_layer; l++) {
         if ((rc = kvz_store_read_layer(r, in->hash, l, &rec, &len))) {
-            cli_error(rc, "document '%s': layer %u record", id, l);
+            store_error(rc, "document '%s': layer %u record", id, l);
             goto out;
         }
         rec_bytes[l] = len;
@@ -249,8 +359,8 @@ static int cmd_show(kvz_store *s, const char *path, const char *id)
         printf("]}}\n");
     } else {
         char b1[32], b2[32], b3[32], b4[32];
-        printf("document     %s\n", id);
-        printf("source       %s\n", in->source_path[0] ? in->source_path : "-");
+        printf("document     %s\n", E(id));
+        printf("source       %s\n", in->source_path[0] ? E(in->source_path) : "-");
         printf("hash         %s\n", hx);
         printf("ingested     %s UTC\n", date);
         printf("tokens       %" PRIu64 " (%u system prefix + %u context)\n", in->n_tokens,
@@ -298,17 +408,16 @@ static int cmd_rm(kvz_store *s, const char *path, const char *id)
 {
     int rc = kvz_store_delete_doc(s, id);
     if (rc == KVZ_ERR_NOTFOUND) {
-        fprintf(stderr, "kvzip-store: error: no document '%s' in %s\n", id, path);
-        kvz_error_clear();
+        no_doc(s, path, id);
         return EXIT_NOTFOUND;
     }
-    if (rc) { cli_error(rc, "cannot remove '%s'", id); return store_exit(rc); }
+    if (rc) { store_error(rc, "cannot remove '%s'", id); return store_exit(rc); }
     if (json) {
         printf("{\"removed\": ");
         cli_json_str(stdout, id, strlen(id));
         printf("}\n");
     } else {
-        printf("removed %s\n", id);
+        printf("removed %s\n", E(id));
     }
     return EXIT_OK;
 }
@@ -316,7 +425,7 @@ static int cmd_rm(kvz_store *s, const char *path, const char *id)
 static int on_problem(void *u, int err, const char *msg)
 {
     (void)u;
-    fprintf(stderr, "kvzip-store: verify: %s (%s)\n", msg, kvz_strerror(err));
+    fprintf(stderr, "kvzip-store: verify: %s (%s)\n", E(msg), kvz_strerror(err));
     return 0;
 }
 
@@ -325,7 +434,7 @@ static int cmd_verify(kvz_store *s, const char *path)
     kvz_store_verify_result vr;
     const double t0 = (double)clock() / CLOCKS_PER_SEC;
     int rc = kvz_store_verify(s, on_problem, NULL, &vr);
-    if (rc) { cli_error(rc, "cannot verify %s", path); return store_exit(rc); }
+    if (rc) { store_error(rc, "cannot verify %s", path); return store_exit(rc); }
     const double secs = (double)clock() / CLOCKS_PER_SEC - t0;
     if (json)
         printf("{\"ok\": %s, \"docs\": %" PRIu64 ", \"blobs\": %" PRIu64 ", \"records\": %" PRIu64
@@ -333,9 +442,9 @@ static int cmd_verify(kvz_store *s, const char *path)
                vr.n_docs, vr.n_blobs, vr.n_records, vr.n_problems, secs);
     else
         printf("%s: %" PRIu64 " documents, %" PRIu64 " blobs, %" PRIu64 " records decoded: %s\n",
-               path, vr.n_docs, vr.n_blobs, vr.n_records, vr.n_problems ? "PROBLEMS" : "ok");
+               E(path), vr.n_docs, vr.n_blobs, vr.n_records, vr.n_problems ? "PROBLEMS" : "ok");
     if (vr.n_problems) {
-        fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " problem%s found\n", path,
+        fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " problem%s found\n", E(path),
                 vr.n_problems, vr.n_problems == 1 ? "" : "s");
         return EXIT_STORE;
     }
@@ -346,11 +455,11 @@ static int cmd_gc(kvz_store **sp, const char *path, int compact)
 {
     kvz_store_gc_result g;
     int rc = kvz_store_gc(*sp, &g);
-    if (rc) { cli_error(rc, "gc of %s failed", path); return store_exit(rc); }
+    if (rc) { store_error(rc, "gc of %s failed", path); return store_exit(rc); }
     uint64_t before = 0, after = 0;
     if (compact) {
         rc = kvz_store_compact(*sp, &before, &after);
-        if (rc) { cli_error(rc, "compacting %s failed (store unchanged)", path); return store_exit(rc); }
+        if (rc) { store_error(rc, "compacting %s failed (store unchanged)", path); return store_exit(rc); }
         kvz_store_close(*sp); /* retired by the swap */
         *sp = NULL;
     }
@@ -378,6 +487,40 @@ static int cmd_gc(kvz_store **sp, const char *path, int compact)
     return EXIT_OK;
 }
 
+static int on_lost(void *u, const char *id, int err, const char *msg)
+{
+    (void)u;
+    if (id) fprintf(stderr, "kvzip-store: salvage: lost '%s': %s (%s)\n", E(id), E(msg), kvz_strerror(err));
+    else fprintf(stderr, "kvzip-store: salvage: %s (%s)\n", E(msg), kvz_strerror(err));
+    return 0;
+}
+
+static int cmd_salvage(kvz_store *s, const char *path, const char *dst)
+{
+    kvz_store_salvage_result r;
+    int rc = kvz_store_salvage(s, dst, on_lost, NULL, &r);
+    if (rc) { store_error(rc, "salvage of %s into %s failed", path, dst); return store_exit(rc); }
+    if (json) {
+        printf("{\"store\": ");
+        cli_json_str(stdout, path, strlen(path));
+        printf(", \"into\": ");
+        cli_json_str(stdout, dst, strlen(dst));
+        printf(", \"docs\": %" PRIu64 ", \"copied\": %" PRIu64 ", \"lost\": %" PRIu64
+               ", \"unreadable_stretches\": %" PRIu64 "}\n", r.n_docs, r.n_copied, r.n_lost, r.n_gaps);
+    } else {
+        printf("salvage: %" PRIu64 " of %" PRIu64 " documents copied from %s to %s; %" PRIu64 " lost%s\n",
+               r.n_copied, r.n_docs, E(path), E(dst), r.n_lost,
+               r.n_gaps ? ", and parts of the doc index could not be read (ids unknown)" : "");
+    }
+    if (r.n_lost || r.n_gaps) {
+        fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " document%s lost%s (the rest is in %s)\n",
+                E(path), r.n_lost, r.n_lost == 1 ? "" : "s",
+                r.n_gaps ? " and unreadable stretches of the doc index" : "", E(dst));
+        return EXIT_STORE;
+    }
+    return EXIT_OK;
+}
+
 typedef struct {
     uint64_t tokens, full, kept, stored;
 } totals;
@@ -399,7 +542,7 @@ static int cmd_stats(kvz_store *s, const char *path)
     totals t = {0};
     int rc = kvz_store_stats_get(s, &st);
     if (!rc) rc = kvz_store_list(s, tot_cb, &t);
-    if (rc) { cli_error(rc, "cannot read %s", path); return store_exit(rc); }
+    if (rc) { store_error(rc, "cannot read %s", path); return store_exit(rc); }
     char p[4200], fp[33] = "";
     struct stat fs;
     snprintf(p, sizeof p, "%s/data.mdb", path);
@@ -427,7 +570,7 @@ static int cmd_stats(kvz_store *s, const char *path)
         fmt_bytes(st.map_size, b4);
         fmt_bytes(st.map_used, b5);
         fmt_bytes(file, b6);
-        printf("store        %s\n", path);
+        printf("store        %s\n", E(path));
         printf("model        %s\n", st.has_model ? fp : "(none yet)");
         printf("documents    %" PRIu64 " (%" PRIu64 " tokens)\n", st.n_docs, t.tokens);
         printf("blobs        %" PRIu64 " (%" PRIu64 " records, %s)\n", st.n_blobs, st.n_records, b3);
@@ -447,38 +590,48 @@ int main(int argc, char **argv)
 {
     cli_init("kvzip-store", argv);
     const char *store_flag = NULL, *cmd = NULL, *arg = NULL;
-    int compact = 0;
+    int compact = 0, opts_done = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return EXIT_OK; }
+        if (opts_done) {
+            if (!cmd) cmd = a;
+            else if (!arg) arg = a;
+            else cli_usage_error("unexpected argument '%s'", E(a));
+        }
+        else if (!strcmp(a, "--")) opts_done = 1;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return EXIT_OK; }
         else if (!strcmp(a, "--store")) store_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--compact")) compact = 1;
-        else if (a[0] == '-' && a[1] == '-' && a[2]) cli_usage_error("unknown option '%s'", a);
+        else if (a[0] == '-' && a[1] == '-' && a[2])
+            cli_usage_error("unknown option '%s' (an id that begins with '-' goes after --)", E(a));
         else if (!cmd) cmd = a;
         else if (!arg) arg = a;
-        else cli_usage_error("unexpected argument '%s'", a);
+        else cli_usage_error("unexpected argument '%s'", E(a));
     }
-    if (!cmd) cli_usage_error("no command given (ls, show, rm, verify, gc, stats)");
+    if (!cmd) cli_usage_error("no command given (ls, show, rm, verify, gc, stats, salvage)");
+    const int salvage = !strcmp(cmd, "salvage");
     int needs_id = !strcmp(cmd, "show") || !strcmp(cmd, "rm");
-    int known = needs_id || !strcmp(cmd, "ls") || !strcmp(cmd, "verify") || !strcmp(cmd, "gc") ||
-                !strcmp(cmd, "stats");
-    if (!known) cli_usage_error("unknown command '%s'", cmd);
+    int known = needs_id || salvage || !strcmp(cmd, "ls") || !strcmp(cmd, "verify") ||
+                !strcmp(cmd, "gc") || !strcmp(cmd, "stats");
+    if (!known) cli_usage_error("unknown command '%s'", E(cmd));
     if (needs_id && !arg) cli_usage_error("%s needs a document id", cmd);
-    if (!needs_id && arg) cli_usage_error("%s takes no argument, got '%s'", cmd, arg);
+    if (salvage && !arg) cli_usage_error("salvage needs a new folder DST to copy into");
+    if (!needs_id && !salvage && arg) cli_usage_error("%s takes no argument, got '%s'", cmd, E(arg));
     if (compact && strcmp(cmd, "gc")) cli_usage_error("--compact goes with gc");
 
     const char *path = cli_store_path(store_flag);
     const int writes = !strcmp(cmd, "rm") || !strcmp(cmd, "gc");
     kvz_store *s;
-    int rc = kvz_store_open(path, writes ? 0 : KVZ_STORE_READONLY, 0, NULL, &s);
+    const unsigned oflags = writes ? 0 : salvage ? KVZ_STORE_READONLY | KVZ_STORE_SALVAGE : KVZ_STORE_READONLY;
+    int rc = kvz_store_open(path, oflags, 0, NULL, &s);
     if (rc) {
         if (rc == KVZ_ERR_NOTFOUND) {
             fprintf(stderr, "kvzip-store: error: no store in %s (give --store DIR or set KVZ_STORE)\n",
-                    path);
+                    E(path));
             kvz_error_clear();
         } else {
-            cli_error(rc, "cannot open store %s", path);
+            store_error(rc, "cannot open store %s", path);
         }
         return store_exit(rc);
     }
@@ -488,6 +641,7 @@ int main(int argc, char **argv)
     else if (!strcmp(cmd, "rm")) ex = cmd_rm(s, path, arg);
     else if (!strcmp(cmd, "verify")) ex = cmd_verify(s, path);
     else if (!strcmp(cmd, "gc")) ex = cmd_gc(&s, path, compact);
+    else if (salvage) ex = cmd_salvage(s, path, arg);
     else ex = cmd_stats(s, path);
     kvz_store_close(s);
     return ex;

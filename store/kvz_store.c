@@ -9,6 +9,8 @@
 #include <fcntl.h>
 #include <lmdb.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +42,9 @@ struct kvz_store {
 struct kvz_store_read {
     kvz_store *s;
     MDB_txn *txn;
+    int have_doc;                         /* the last read_doc: its blob's records must exist */
+    uint8_t doc_hash[16];
+    char doc_id[KVZ_STORE_DOC_ID_MAX + 1];
 };
 
 /* shared-prefix hooks of gc and verify (defined with the prefix API at the end) */
@@ -112,6 +117,156 @@ static int check_doc_id(const char *doc_id, size_t *n)
     if (*n < 1 || *n > KVZ_STORE_DOC_ID_MAX)
         return kvz_error_set(KVZ_ERR_ARG, "kvz_store: doc id must be 1..%d bytes, got %zu",
                              KVZ_STORE_DOC_ID_MAX, *n);
+    return 0;
+}
+
+/* ========================================================================= */
+/* Damaged files: LMDB trusts its file                                         */
+/*
+ * A data.mdb cut short (SIGBUS on a page past the end) or a damaged B-tree page
+ * (a child pointer into garbage: SIGSEGV inside liblmdb) would kill the process.
+ * Every LMDB call that walks pages runs under guarded(): a SIGBUS/SIGSEGV while a
+ * guard is active on this thread jumps back to it, and the call ends with a
+ * "store damaged" error. A fault with no guard active goes to the handler that was
+ * there before (the default: the process dies as before). The handlers are
+ * installed once, on first use, with SA_NODEFER so the jump needs no mask restore.
+ * What a guarded call leaves behind on a fault: its LMDB transaction is aborted by
+ * the caller (the writer lock released, nothing committed); a cursor may leak.
+ */
+typedef struct fault_guard {
+    sigjmp_buf jb;
+    struct fault_guard *prev;
+    volatile sig_atomic_t sig;
+} fault_guard;
+
+static __thread fault_guard *g_fault_top;
+static struct sigaction g_old_bus, g_old_segv;
+static pthread_once_t g_fault_once = PTHREAD_ONCE_INIT;
+
+static void on_fault(int sig, siginfo_t *si, void *uc)
+{
+    (void)uc;
+    fault_guard *g = g_fault_top;
+    if (g && si && si->si_code > 0) { /* a real memory fault inside a guarded call */
+        g->sig = sig;
+        g_fault_top = g->prev;
+        siglongjmp(g->jb, 1);
+    }
+    /* not ours: the previous disposition takes over (the access faults again) */
+    sigaction(sig, sig == SIGBUS ? &g_old_bus : &g_old_segv, NULL);
+    if (!si || si->si_code <= 0) raise(sig);
+}
+
+static __thread char g_assert_msg[200];
+
+/* LMDB's own consistency checks (mdb_assert: a page of the wrong kind, a root
+ * page number out of range, ...) call this before abort(): inside a guarded call
+ * that is damage like a fault, so jump back the same way. */
+static void on_lmdb_assert(MDB_env *env, const char *msg)
+{
+    (void)env;
+    fault_guard *g = g_fault_top;
+    if (!g) return; /* LMDB aborts, as without the callback */
+    snprintf(g_assert_msg, sizeof g_assert_msg, "%s", msg ? msg : "?");
+    g->sig = SIGABRT;
+    g_fault_top = g->prev;
+    siglongjmp(g->jb, 1);
+}
+
+static void fault_install(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &g_old_bus);
+    sigaction(SIGSEGV, &sa, &g_old_segv);
+}
+
+#define FAULT_INTERNAL 3 /* guarded() -> caller: the call faulted (signal in *sig) */
+
+/* Run fn(ctx) with a fault guard. Returns fn's value, or FAULT_INTERNAL with the
+ * signal in *sig. Anything fn must hand back on a fault goes through ctx. */
+static int guarded(int (*fn)(void *), void *ctx, int *sig)
+{
+    fault_guard g;
+    pthread_once(&g_fault_once, fault_install);
+    g.prev = g_fault_top;
+    g.sig = 0;
+    g_fault_top = &g;
+    if (sigsetjmp(g.jb, 0)) {
+        *sig = g.sig; /* the handler popped g */
+        return FAULT_INTERNAL;
+    }
+    int rc = fn(ctx);
+    g_fault_top = g.prev;
+    return rc;
+}
+
+static const char *sig_name(int sig)
+{
+    return sig == SIGBUS ? "SIGBUS" : sig == SIGSEGV ? "SIGSEGV" : "LMDB assertion";
+}
+
+#define DAMAGED_HINT "restore a snapshot or run kvzip-store salvage: docs/ERRORS.md"
+
+/* The error of a guarded call that faulted while doing @p what. */
+static int fault_err(int sig, const char *what)
+{
+    if (sig == SIGABRT)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: store damaged: %s failed LMDB's check "
+                             "'%s' (%s)", what, g_assert_msg, DAMAGED_HINT);
+    return kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: store damaged: %s hit an unreadable page of "
+                         "data.mdb (%s) (%s)", what,
+                         sig == SIGBUS ? "SIGBUS: the file is shorter than its B-tree says"
+                                       : "SIGSEGV: a damaged B-tree page", DAMAGED_HINT);
+}
+
+__attribute__((format(printf, 1, 2)))
+static int damaged(const char *fmt, ...)
+{
+    char msg[1400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: store damaged: %s (%s)", msg, DAMAGED_HINT);
+}
+
+/* Upper bound on the entries any walk of this environment can meet: no page holds
+ * more than psize / 8 nodes. Loops over entries stop there (a damaged tree can
+ * point back into itself). */
+static uint64_t entry_bound(MDB_env *env)
+{
+    MDB_envinfo ei;
+    MDB_stat es;
+    mdb_env_info(env, &ei);
+    mdb_env_stat(env, &es);
+    return ((uint64_t)ei.me_last_pgno + 2) * (es.ms_psize / 8 + 1) + 64;
+}
+
+typedef struct { MDB_txn *txn; int rc; } commit_ctx;
+
+static int commit_fn(void *vc)
+{
+    commit_ctx *c = vc;
+    c->rc = mdb_txn_commit(c->txn); /* frees the txn whatever the outcome */
+    return 0;
+}
+
+/* mdb_txn_commit under a fault guard (it reads the free list's pages). On a fault
+ * the txn is aborted here. Returns 0 with LMDB's code in *rc, or an error. */
+static int guarded_commit(MDB_txn *txn, int *rc, const char *what)
+{
+    commit_ctx c = {txn, 0};
+    int sig = 0;
+    *rc = 0;
+    if (guarded(commit_fn, &c, &sig) == FAULT_INTERNAL) {
+        mdb_txn_abort(txn);
+        return fault_err(sig, what);
+    }
+    *rc = c.rc;
     return 0;
 }
 
@@ -258,7 +413,23 @@ static int commit_err(const kvz_store *s, int rc, uint64_t need)
     return lmdb_err(rc, "commit");
 }
 
-/* Run @p body in one write transaction; on MDB_MAP_FULL abort, grow, redo all. */
+typedef struct {
+    kvz_store *s;
+    MDB_txn *txn;
+    write_body body;
+    void *ctx;
+} write_ctx;
+
+static int write_fn(void *vc)
+{
+    write_ctx *w = vc;
+    int err = check_retired(w->s, w->txn);
+    return err ? err : w->body(w->s, w->txn, w->ctx);
+}
+
+/* Run @p body in one write transaction (under a fault guard: a damaged page ends
+ * it with "store damaged", the transaction aborted and the writer lock released);
+ * on MDB_MAP_FULL abort, grow, redo all. */
 static int run_write(kvz_store *s, write_body body, void *ctx, uint64_t need)
 {
     if (s->readonly) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: store opened read-only");
@@ -273,8 +444,9 @@ static int run_write(kvz_store *s, write_body body, void *ctx, uint64_t need)
             continue;
         }
         if (rc) { pthread_rwlock_unlock(&s->lock); return lmdb_err(rc, "begin write txn"); }
-        int err = check_retired(s, txn);
-        if (!err) err = body(s, txn, ctx);
+        write_ctx wc = {s, txn, body, ctx};
+        int sig = 0, err = guarded(write_fn, &wc, &sig);
+        if (err == FAULT_INTERNAL) err = fault_err(sig, "a write transaction");
         if (err) {
             mdb_txn_abort(txn);
             pthread_rwlock_unlock(&s->lock);
@@ -283,8 +455,9 @@ static int run_write(kvz_store *s, write_body body, void *ctx, uint64_t need)
             if ((err = grow_map(s, need))) return err;
             continue;
         }
-        rc = mdb_txn_commit(txn); /* frees txn whatever the outcome */
+        err = guarded_commit(txn, &rc, "committing a write transaction");
         pthread_rwlock_unlock(&s->lock);
+        if (err) return err;
         if (rc == MDB_MAP_FULL) {
             if ((err = grow_map(s, need))) return err;
             continue;
@@ -299,11 +472,15 @@ static int run_write(kvz_store *s, write_body body, void *ctx, uint64_t need)
 
 static const char *DB_NAMES[4] = {"blobs", "refs", "docs", "meta"};
 
-static int open_init(kvz_store *s, int create)
+typedef struct { kvz_store *s; MDB_txn *txn; int create; } open_ctx;
+
+static int open_body(void *vc)
 {
-    MDB_txn *txn;
-    int rc = mdb_txn_begin(s->env, NULL, s->readonly ? MDB_RDONLY : 0, &txn);
-    if (rc) return lmdb_err(rc, "begin open txn");
+    open_ctx *oc = vc;
+    kvz_store *s = oc->s;
+    MDB_txn *txn = oc->txn;
+    const int create = oc->create;
+    int rc;
     MDB_dbi *dbis[4] = {&s->blobs, &s->refs, &s->docs, &s->meta};
     int err = 0;
     for (int i = 0; i < 4 && !err; i++) {
@@ -356,9 +533,123 @@ static int open_init(kvz_store *s, int create)
             err = lmdb_err(rc, "read model_fp");
         }
     }
-    if (err) { mdb_txn_abort(txn); return err; }
-    rc = mdb_txn_commit(txn);
+    return err;
+}
+
+static int open_init(kvz_store *s, int create)
+{
+    open_ctx oc = {s, NULL, create};
+    int rc = mdb_txn_begin(s->env, NULL, s->readonly ? MDB_RDONLY : 0, &oc.txn);
+    if (rc) return lmdb_err(rc, "begin open txn");
+    int sig = 0, err = guarded(open_body, &oc, &sig);
+    if (err == FAULT_INTERNAL) err = fault_err(sig, "opening the store");
+    if (err) { mdb_txn_abort(oc.txn); return err; }
+    if ((err = guarded_commit(oc.txn, &rc, "opening the store"))) return err;
     return rc ? lmdb_err(rc, "commit open txn") : 0;
+}
+
+/* LMDB's on-disk meta page (lmdb.h / mdb.c, 64-bit build): a 16-byte page header,
+ * then MDB_meta: u32 magic 0xBEEFC0DE, u32 version (1), address, mapsize, two
+ * 48-byte MDB_db (free, main; the free DB's md_pad holds the page size in meta page
+ * 0), u64 last used page number, u64 txn id. Meta page 1 starts at page size. */
+#define MDB_META_MAGIC 0xBEEFC0DEu
+#define META_OFF_MAGIC 16
+#define META_OFF_PSIZE (16 + 24)
+#define META_OFF_LAST_PG (16 + 120)
+#define META_OFF_TXNID (16 + 128)
+#define META_BYTES (16 + 136)
+
+/* Before LMDB sees the file: what it does not check. An empty data.mdb would be
+ * taken for a new store (a writer silently starts over; a reader fails with EBADF);
+ * one shorter than its two meta pages cannot be read. Files that are not LMDB at
+ * all are left to mdb_env_open (MDB_INVALID). */
+static int check_data_file(const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0; /* mdb_env_open reports it */
+    uint8_t m0[META_BYTES];
+    ssize_t n0 = pread(fd, m0, sizeof m0, 0);
+    struct stat st;
+    int rc = fstat(fd, &st);
+    close(fd);
+    if (rc || !S_ISREG(st.st_mode)) return 0;
+    if (st.st_size == 0)
+        return damaged("%s is empty (0 bytes): the store's data is gone", path);
+    if (n0 < (ssize_t)sizeof m0) {
+        if (n0 >= 20 && get32(m0 + META_OFF_MAGIC) == MDB_META_MAGIC)
+            return damaged("%s is %lld bytes, shorter than one LMDB meta page", path,
+                           (long long)st.st_size);
+        return 0;
+    }
+    if (get32(m0 + META_OFF_MAGIC) != MDB_META_MAGIC) return 0;
+    const uint32_t psize = get32(m0 + META_OFF_PSIZE);
+    if (psize < 512 || psize > 65536 || (psize & (psize - 1))) return 0; /* LMDB decides */
+    if ((uint64_t)st.st_size < 2ull * psize)
+        return damaged("%s is %lld bytes, shorter than its two %u-byte meta pages", path,
+                       (long long)st.st_size, psize);
+    return 0;
+}
+
+/* After mdb_env_open: the pages the meta page names must be in the file. LMDB
+ * does not always write its last page (a page freed in the transaction that
+ * allocated it stays unwritten), so pages past the end are fine when every one of
+ * them is on the free list; any other is a page of the B-tree that was cut off. */
+typedef struct {
+    kvz_store *s;
+    MDB_txn *txn;
+    MDB_cursor *c; /* open while walking: closed by the caller after a fault */
+    uint64_t have, need, free_missing;
+} tail_ctx;
+
+static int tail_walk(void *vc)
+{
+    tail_ctx *t = vc;
+    MDB_cursor *c;
+    int rc = mdb_cursor_open(t->txn, 0 /* FREE_DBI */, &c);
+    if (rc) return lmdb_err(rc, "free list");
+    t->c = c;
+    MDB_val k, v;
+    const uint64_t bound = entry_bound(t->s->env);
+    uint64_t steps = 0;
+    for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0 && steps < bound;
+         rc = mdb_cursor_get(c, &k, &v, MDB_NEXT), steps++) {
+        if (v.mv_size < sizeof(size_t)) continue;
+        const size_t *ids = v.mv_data;
+        size_t n = ids[0];
+        if (n > v.mv_size / sizeof(size_t) - 1) n = v.mv_size / sizeof(size_t) - 1;
+        for (size_t i = 1; i <= n; i++)
+            if (ids[i] >= t->have && ids[i] < t->need) t->free_missing++;
+    }
+    mdb_cursor_close(c);
+    t->c = NULL;
+    return rc == MDB_NOTFOUND || rc == 0 ? 0 : lmdb_err(rc, "free list");
+}
+
+static int check_tail(kvz_store *s)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/data.mdb", s->dir);
+    MDB_envinfo ei;
+    MDB_stat es;
+    struct stat st;
+    mdb_env_info(s->env, &ei);
+    mdb_env_stat(s->env, &es);
+    if (stat(path, &st) || !es.ms_psize) return 0;
+    tail_ctx t = {s, NULL, NULL, (uint64_t)st.st_size / es.ms_psize, (uint64_t)ei.me_last_pgno + 1, 0};
+    if (t.have >= t.need) return 0;
+    int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &t.txn);
+    if (rc) return lmdb_err(rc, "begin read txn");
+    int sig = 0, err = guarded(tail_walk, &t, &sig);
+    if (t.c) mdb_cursor_close(t.c);
+    mdb_txn_abort(t.txn);
+    if (err == FAULT_INTERNAL || (!err && t.free_missing < t.need - t.have))
+        return damaged("%s is %lld bytes, but its B-tree uses %llu pages of %u bytes (%llu "
+                       "bytes): the file was cut short", path, (long long)st.st_size,
+                       (unsigned long long)t.need, es.ms_psize,
+                       (unsigned long long)t.need * es.ms_psize);
+    return err;
 }
 
 int kvz_store_open(const char *dir, unsigned flags, uint64_t map_size, const uint8_t *fp,
@@ -367,7 +658,8 @@ int kvz_store_open(const char *dir, unsigned flags, uint64_t map_size, const uin
     if (!out) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL out");
     *out = NULL;
     int create = !!(flags & KVZ_STORE_CREATE), ro = !!(flags & KVZ_STORE_READONLY);
-    if (!dir || (create && ro) || (flags & ~3u))
+    const int salvage = !!(flags & KVZ_STORE_SALVAGE);
+    if (!dir || (create && ro) || (flags & ~7u) || (salvage && !ro))
         return kvz_error_set(KVZ_ERR_ARG, "kvz_store: bad open arguments");
     size_t dl = strlen(dir);
     char *path = malloc(dl + 16);
@@ -380,6 +672,9 @@ int kvz_store_open(const char *dir, unsigned flags, uint64_t map_size, const uin
         if (!create) return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: no store in %s", dir);
         if (mkdir(dir, 0755) && errno != EEXIST)
             return kvz_error_set(KVZ_ERR_IO, "kvz_store: mkdir %s: %s", dir, strerror(errno));
+    } else {
+        int derr = check_data_file(dir);
+        if (derr) return derr;
     }
     kvz_store *s = calloc(1, sizeof *s);
     if (!s) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: open");
@@ -398,6 +693,7 @@ int kvz_store_open(const char *dir, unsigned flags, uint64_t map_size, const uin
     int err = 0, rc = mdb_env_create(&s->env);
     if (rc) { err = lmdb_err(rc, "mdb_env_create"); s->env = NULL; goto fail; }
     mdb_env_set_maxdbs(s->env, 8);
+    mdb_env_set_assert(s->env, on_lmdb_assert);
     mdb_env_set_mapsize(s->env, (size_t)(map_size ? map_size : KVZ_STORE_DEFAULT_MAP));
     rc = mdb_env_open(s->env, dir, MDB_NOTLS | (ro ? MDB_RDONLY : 0), 0644);
     if (rc) {
@@ -409,6 +705,7 @@ int kvz_store_open(const char *dir, unsigned flags, uint64_t map_size, const uin
     }
     int dead = 0;
     mdb_reader_check(s->env, &dead); /* clear reader slots of killed processes */
+    if (exists && !salvage && (err = check_tail(s))) goto fail;
     if ((err = open_init(s, create))) goto fail;
     *out = s;
     return 0;
@@ -460,7 +757,10 @@ static int unref(kvz_store *s, MDB_txn *txn, const uint8_t hash[16])
     make_key(key, hash, 0);
     MDB_val ck = {KEY_SIZE, key}, cv;
     rc = mdb_cursor_get(c, &ck, &cv, MDB_SET_RANGE);
+    const uint64_t bound = entry_bound(s->env);
+    uint64_t steps = 0;
     while (rc == 0 && ck.mv_size == KEY_SIZE && !memcmp(ck.mv_data, hash, 16)) {
+        if (++steps > bound) { mdb_cursor_close(c); return damaged("deleting a blob's records does not end"); }
         if ((rc = mdb_cursor_del(c, 0))) break;
         ck = (MDB_val){KEY_SIZE, key}; /* re-seek: no reliance on post-delete cursor state */
         rc = mdb_cursor_get(c, &ck, &cv, MDB_SET_RANGE);
@@ -654,6 +954,7 @@ int kvz_store_read_begin(kvz_store *s, kvz_store_read **out)
     *out = NULL;
     kvz_store_read *r = malloc(sizeof *r);
     if (!r) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: read_begin");
+    r->have_doc = 0;
     for (int attempt = 0; attempt < 8; attempt++) {
         pthread_rwlock_rdlock(&s->lock);
         int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &r->txn);
@@ -678,17 +979,65 @@ void kvz_store_read_end(kvz_store_read *r)
     free(r);
 }
 
+/* Doc ids in messages: at most 200 bytes of them (the CLIs escape what they print). */
+#define ID_FMT "%.200s"
+
+typedef struct {
+    kvz_store_read *r;
+    MDB_val k;
+    int rc;
+    kvz_store_doc_info *info;
+    int err;
+} getdoc_ctx;
+
+static int getdoc_fn(void *vc)
+{
+    getdoc_ctx *g = vc;
+    MDB_val v;
+    g->rc = mdb_get(g->r->txn, g->r->s->docs, &g->k, &v);
+    if (g->rc == 0) g->err = info_decode(&v, g->info);
+    return 0;
+}
+
 int kvz_store_read_doc(kvz_store_read *r, const char *doc_id, kvz_store_doc_info *info)
 {
     size_t n = 0;
     int err;
     if (!r || !info) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
     if ((err = check_doc_id(doc_id, &n))) return err;
-    MDB_val k = {n, (void *)doc_id}, v;
-    int rc = mdb_get(r->txn, r->s->docs, &k, &v);
-    if (rc == MDB_NOTFOUND) return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: no doc '%s'", doc_id);
-    if (rc) return lmdb_err(rc, "read docs");
-    return info_decode(&v, info);
+    r->have_doc = 0;
+    getdoc_ctx g = {r, {n, (void *)doc_id}, 0, info, 0};
+    int sig = 0;
+    if (guarded(getdoc_fn, &g, &sig) == FAULT_INTERNAL) {
+        char what[300];
+        snprintf(what, sizeof what, "reading document '" ID_FMT "'", doc_id);
+        return fault_err(sig, what);
+    }
+    if (g.rc == MDB_NOTFOUND) return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: no doc '%s'", doc_id);
+    if (g.rc) return lmdb_err(g.rc, "read docs");
+    if (g.err) return g.err;
+    r->have_doc = 1;
+    memcpy(r->doc_hash, info->hash, 16);
+    snprintf(r->doc_id, sizeof r->doc_id, "%s", doc_id);
+    return 0;
+}
+
+typedef struct {
+    kvz_store_read *r;
+    uint8_t key[KEY_SIZE];
+    MDB_val v;
+    int rc, err;
+    kvz_blob_info bi;
+} getrec_ctx;
+
+static int getrec_fn(void *vc)
+{
+    getrec_ctx *g = vc;
+    MDB_val k = {KEY_SIZE, g->key};
+    g->rc = mdb_get(g->r->txn, g->r->s->blobs, &k, &g->v);
+    /* the record check reads every byte: a page cut off faults here, under the guard */
+    if (g->rc == 0) g->err = kvz_blob_check(g->v.mv_data, g->v.mv_size, &g->bi);
+    return 0;
 }
 
 static int read_record(kvz_store_read *r, const uint8_t hash[16], uint32_t index,
@@ -697,23 +1046,34 @@ static int read_record(kvz_store_read *r, const uint8_t hash[16], uint32_t index
     if (!r || !hash || !rec || !len) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
     *rec = NULL;
     *len = 0;
-    uint8_t key[KEY_SIZE];
-    make_key(key, hash, index);
-    MDB_val k = {KEY_SIZE, key}, v;
-    int rc = mdb_get(r->txn, r->s->blobs, &k, &v);
-    if (rc == MDB_NOTFOUND) {
-        char hx[33];
-        hex16(hash, hx);
+    getrec_ctx g;
+    memset(&g, 0, sizeof g);
+    g.r = r;
+    make_key(g.key, hash, index);
+    const int of_doc = r->have_doc && !memcmp(r->doc_hash, hash, 16);
+    char hx[33], what[400], recname[32];
+    hex16(hash, hx);
+    if (index == KVZ_BLOB_META_LAYER) snprintf(recname, sizeof recname, "META record");
+    else snprintf(recname, sizeof recname, "layer %u record", index);
+    if (of_doc) snprintf(what, sizeof what, "document '" ID_FMT "' (blob %s, %s)", r->doc_id, hx, recname);
+    else snprintf(what, sizeof what, "blob %s, %s", hx, recname);
+    int sig = 0;
+    if (guarded(getrec_fn, &g, &sig) == FAULT_INTERNAL) {
+        char w2[440];
+        snprintf(w2, sizeof w2, "reading %s", what);
+        return fault_err(sig, w2);
+    }
+    if (g.rc == MDB_NOTFOUND) {
+        /* a document names this blob, so its records must be there */
+        if (of_doc) return damaged("%s is missing", what);
         return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: no record %08x of blob %s", index, hx);
     }
-    if (rc) return lmdb_err(rc, "read record");
-    kvz_blob_info bi;
-    int err = kvz_blob_check(v.mv_data, v.mv_size, &bi);
-    if (err) return err;
-    if (bi.layer != index)
-        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: record %08x holds layer %08x", index, bi.layer);
-    *rec = v.mv_data;
-    *len = v.mv_size;
+    if (g.rc) return lmdb_err(g.rc, "read record");
+    if (g.err) return g.err;
+    if (g.bi.layer != index)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: record %08x holds layer %08x", index, g.bi.layer);
+    *rec = g.v.mv_data;
+    *len = g.v.mv_size;
     return 0;
 }
 
@@ -739,17 +1099,104 @@ int kvz_store_lookup(kvz_store *s, const char *doc_id, kvz_store_doc_info *info)
     return err;
 }
 
+typedef struct {
+    kvz_store *s;
+    MDB_txn *txn;
+    const uint8_t *hash;
+    int rc;
+} hashq_ctx;
+
+static int hashq_fn(void *vc)
+{
+    hashq_ctx *h = vc;
+    MDB_val k = {16, (void *)h->hash}, v;
+    h->rc = mdb_get(h->txn, h->s->refs, &k, &v);
+    return 0;
+}
+
 int kvz_store_has_hash(kvz_store *s, const uint8_t hash[16])
 {
     if (!hash) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL hash");
     kvz_store_read *r;
     int err = kvz_store_read_begin(s, &r);
     if (err) return err;
-    MDB_val k = {16, (void *)hash}, v;
-    int rc = mdb_get(r->txn, s->refs, &k, &v);
+    hashq_ctx h = {s, r->txn, hash, 0};
+    int sig = 0;
+    err = guarded(hashq_fn, &h, &sig);
     kvz_store_read_end(r);
-    if (rc == MDB_NOTFOUND) return 0;
-    return rc ? lmdb_err(rc, "read refs") : 1;
+    if (err == FAULT_INTERNAL) return fault_err(sig, "looking up a blob");
+    if (h.rc == MDB_NOTFOUND) return 0;
+    return h.rc ? lmdb_err(h.rc, "read refs") : 1;
+}
+
+/* One step of a walk over "docs": the first entry after @p after (NULL: the first),
+ * copied out. */
+typedef struct {
+    kvz_store *s;
+    MDB_txn *txn;
+    const char *after;
+    size_t after_len;
+    char id[KVZ_STORE_DOC_ID_MAX + 1];
+    kvz_store_doc_info *info;
+    MDB_cursor *c; /* open while stepping: closed by the caller after a fault */
+    int rc, err;
+} docstep_ctx;
+
+static int docstep_fn(void *vc)
+{
+    docstep_ctx *d = vc;
+    MDB_cursor *c;
+    d->rc = mdb_cursor_open(d->txn, d->s->docs, &c);
+    if (d->rc) return 0;
+    d->c = c;
+    MDB_val k, v;
+    if (!d->after) {
+        d->rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
+    } else {
+        k = (MDB_val){d->after_len, (void *)d->after};
+        d->rc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE);
+        if (d->rc == 0 && k.mv_size == d->after_len && !memcmp(k.mv_data, d->after, d->after_len))
+            d->rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
+    }
+    if (d->rc == 0) {
+        if (k.mv_size < 1 || k.mv_size > KVZ_STORE_DOC_ID_MAX || memchr(k.mv_data, 0, k.mv_size)) {
+            d->err = damaged("a doc id of %zu bytes in 'docs'", k.mv_size);
+        } else {
+            memcpy(d->id, k.mv_data, k.mv_size);
+            d->id[k.mv_size] = 0;
+            if (d->info) d->err = info_decode(&v, d->info);
+        }
+    }
+    mdb_cursor_close(c);
+    d->c = NULL;
+    return 0;
+}
+
+int kvz_store_read_next_doc(kvz_store_read *r, const char *after, char id[KVZ_STORE_DOC_ID_MAX + 1],
+                            kvz_store_doc_info *info)
+{
+    if (!r || !id || !info) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    id[0] = 0; /* set again only when an entry's key was read */
+    docstep_ctx d;
+    memset(&d, 0, sizeof d);
+    d.s = r->s;
+    d.txn = r->txn;
+    d.after = after;
+    d.after_len = after ? strlen(after) : 0;
+    d.info = info;
+    if (after && !d.after_len) d.after = NULL;
+    int sig = 0;
+    if (guarded(docstep_fn, &d, &sig) == FAULT_INTERNAL) {
+        if (d.c) mdb_cursor_close(d.c);
+        char what[300];
+        if (after) snprintf(what, sizeof what, "listing the documents after '" ID_FMT "'", after);
+        else snprintf(what, sizeof what, "listing the documents");
+        return fault_err(sig, what);
+    }
+    if (d.rc == MDB_NOTFOUND) return KVZ_ERR_NOTFOUND;
+    if (d.rc) return lmdb_err(d.rc, "walk docs");
+    memcpy(id, d.id, strlen(d.id) + 1); /* also when only its entry does not decode */
+    return d.err;
 }
 
 int kvz_store_list(kvz_store *s,
@@ -760,26 +1207,64 @@ int kvz_store_list(kvz_store *s,
     kvz_store_read *r;
     int err = kvz_store_read_begin(s, &r);
     if (err) return err;
-    MDB_cursor *c;
-    int rc = mdb_cursor_open(r->txn, s->docs, &c);
-    if (rc) { kvz_store_read_end(r); return lmdb_err(rc, "cursor"); }
     kvz_store_doc_info *info = malloc(sizeof *info);
-    char id[KVZ_STORE_DOC_ID_MAX + 1];
-    MDB_val k, v;
-    if (!info) err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: list");
-    for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); !err && rc == 0;
-         rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
-        if (k.mv_size > KVZ_STORE_DOC_ID_MAX) { err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: doc id too long"); break; }
-        memcpy(id, k.mv_data, k.mv_size);
-        id[k.mv_size] = 0;
-        if ((err = info_decode(&v, info))) break;
+    char *id = malloc(2 * (KVZ_STORE_DOC_ID_MAX + 1));
+    if (!info || !id) err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: list");
+    /* one guarded step per entry (re-seeking from the last id), so a damaged page
+     * ends the walk with an error and the callback never runs under the guard */
+    const uint64_t bound = entry_bound(s->env);
+    char *prev = id ? id + KVZ_STORE_DOC_ID_MAX + 1 : NULL;
+    for (uint64_t steps = 0; !err; steps++) {
+        if (steps > bound) { err = damaged("the 'docs' B-tree does not end"); break; }
+        err = kvz_store_read_next_doc(r, steps ? prev : NULL, id, info);
+        if (err == KVZ_ERR_NOTFOUND) { err = 0; break; }
+        if (err) break;
         if ((err = cb(user, id, info))) break;
+        memcpy(prev, id, strlen(id) + 1);
     }
-    if (!err && rc && rc != MDB_NOTFOUND) err = lmdb_err(rc, "list docs");
     free(info);
-    mdb_cursor_close(c);
+    free(id);
     kvz_store_read_end(r);
     return err;
+}
+
+typedef struct {
+    kvz_store *s;
+    MDB_txn *txn;
+    kvz_store_stats *st;
+    int rc;
+} stats_ctx;
+
+static int stats_fn(void *vc)
+{
+    stats_ctx *x = vc;
+    kvz_store *s = x->s;
+    kvz_store_stats *st = x->st;
+    MDB_stat ms;
+    int rc = mdb_stat(x->txn, s->docs, &ms);
+    if (!rc) { st->n_docs = ms.ms_entries; rc = mdb_stat(x->txn, s->refs, &ms); }
+    if (!rc) { st->n_blobs = ms.ms_entries; rc = mdb_stat(x->txn, s->blobs, &ms); }
+    if (!rc) st->n_records = ms.ms_entries;
+    MDB_cursor *c = NULL;
+    if (!rc) rc = mdb_cursor_open(x->txn, s->refs, &c);
+    if (!rc) {
+        MDB_val k, v;
+        const uint64_t bound = entry_bound(s->env);
+        uint64_t steps = 0;
+        for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0 && steps++ < bound;
+             rc = mdb_cursor_get(c, &k, &v, MDB_NEXT))
+            if (v.mv_size == REFS_SIZE) st->bytes_records += get64((const uint8_t *)v.mv_data + 8);
+        if (rc == MDB_NOTFOUND) rc = 0;
+        else if (rc == 0) rc = MDB_CORRUPTED; /* the walk did not end */
+        mdb_cursor_close(c);
+    }
+    MDB_val kf = {8, "model_fp"}, vf;
+    if (!rc && mdb_get(x->txn, s->meta, &kf, &vf) == 0 && vf.mv_size == 16) {
+        st->has_model = 1;
+        memcpy(st->model_fp, vf.mv_data, 16);
+    }
+    x->rc = rc;
+    return 0;
 }
 
 int kvz_store_stats_get(kvz_store *s, kvz_store_stats *st)
@@ -789,27 +1274,12 @@ int kvz_store_stats_get(kvz_store *s, kvz_store_stats *st)
     kvz_store_read *r;
     int err = kvz_store_read_begin(s, &r);
     if (err) return err;
-    MDB_stat ms;
-    int rc = mdb_stat(r->txn, s->docs, &ms);
-    if (!rc) { st->n_docs = ms.ms_entries; rc = mdb_stat(r->txn, s->refs, &ms); }
-    if (!rc) { st->n_blobs = ms.ms_entries; rc = mdb_stat(r->txn, s->blobs, &ms); }
-    if (!rc) st->n_records = ms.ms_entries;
-    MDB_cursor *c = NULL;
-    if (!rc) rc = mdb_cursor_open(r->txn, s->refs, &c);
-    if (!rc) {
-        MDB_val k, v;
-        for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT))
-            if (v.mv_size == REFS_SIZE) st->bytes_records += get64((const uint8_t *)v.mv_data + 8);
-        if (rc == MDB_NOTFOUND) rc = 0;
-        mdb_cursor_close(c);
-    }
-    MDB_val kf = {8, "model_fp"}, vf;
-    if (!rc && mdb_get(r->txn, s->meta, &kf, &vf) == 0 && vf.mv_size == 16) {
-        st->has_model = 1;
-        memcpy(st->model_fp, vf.mv_data, 16);
-    }
+    stats_ctx x = {s, r->txn, st, 0};
+    int sig = 0;
+    err = guarded(stats_fn, &x, &sig);
     kvz_store_read_end(r);
-    if (rc) return lmdb_err(rc, "stats");
+    if (err == FAULT_INTERNAL) return fault_err(sig, "counting the store's entries");
+    if (x.rc) return lmdb_err(x.rc, "stats");
     MDB_envinfo ei;
     MDB_stat es;
     mdb_env_info(s->env, &ei);
@@ -846,12 +1316,18 @@ static int collect_doc_hashes(kvz_store *s, MDB_txn *txn, hash_set *hs, int stri
     int err = 0;
     kvz_store_doc_info *info = malloc(sizeof *info);
     if (!info) err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: doc hashes");
+    const uint64_t bound = entry_bound(s->env);
+    uint64_t steps = 0;
     for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); !err && rc == 0;
          rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
-        if (hs->n > ms.ms_entries) break;
+        if (hs->n >= ms.ms_entries + 1 || ++steps > bound) {
+            err = damaged("'docs' holds more entries than its count of %zu", ms.ms_entries);
+            break;
+        }
         if (info_decode(&v, info)) {
             if (strict) err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: doc '%.*s' does not decode; "
-                                            "nothing collected", (int)k.mv_size, (char *)k.mv_data);
+                                            "nothing collected", k.mv_size > 200 ? 200 : (int)k.mv_size,
+                                            (char *)k.mv_data);
             continue; /* verify reports it in its own pass */
         }
         memcpy(hs->h[hs->n++], info->hash, 16);
@@ -859,7 +1335,7 @@ static int collect_doc_hashes(kvz_store *s, MDB_txn *txn, hash_set *hs, int stri
     free(info);
     mdb_cursor_close(c);
     if (!err && rc && rc != MDB_NOTFOUND) err = lmdb_err(rc, "walk docs");
-    if (err) { free(hs->h); hs->h = NULL; return err; }
+    if (err) { free(hs->h); hs->h = NULL; hs->n = 0; return err; }
     qsort(hs->h, hs->n, 16, cmp_hash);
     return 0;
 }
@@ -958,8 +1434,9 @@ static void verify_blob(kvz_store *s, MDB_txn *txn, vstate *v, const uint8_t *ha
     if (mdb_cursor_open(txn, s->blobs, &c) == 0) {
         make_key(key, hash, 0);
         MDB_val ck = {KEY_SIZE, key}, cv;
+        const uint64_t bound = entry_bound(s->env);
         for (rc = mdb_cursor_get(c, &ck, &cv, MDB_SET_RANGE);
-             rc == 0 && ck.mv_size >= 16 && !memcmp(ck.mv_data, hash, 16);
+             rc == 0 && ck.mv_size >= 16 && !memcmp(ck.mv_data, hash, 16) && total <= bound;
              rc = mdb_cursor_get(c, &ck, &cv, MDB_NEXT))
             total++;
         mdb_cursor_close(c);
@@ -974,6 +1451,186 @@ static void verify_blob(kvz_store *s, MDB_txn *txn, vstate *v, const uint8_t *ha
     kvz_blob_meta_free(&m);
 }
 
+/* The walks of kvz_store_verify, each under a fault guard: a damaged page ends that
+ * walk with a problem naming where it was, and the next walk still runs. */
+typedef struct {
+    kvz_store *s;
+    MDB_txn *txn;
+    vstate *v;
+    hash_set hs;
+    kvz_store_doc_info *info;
+    const uint8_t *fpp;
+    uint8_t fp[16];
+    uint64_t bound;
+    char where[300]; /* the entry being read, for a fault's problem line */
+    int err;         /* walk could not run (LMDB, memory) */
+    const uint8_t *hash; /* verify_blob_fn's arguments */
+    uint32_t ref_records;
+    uint64_t ref_bytes;
+} vwalk;
+
+static int vmeta_fn(void *vc)
+{
+    vwalk *w = vc;
+    MDB_val kf = {8, "model_fp"}, kr = {sizeof RETIRED_KEY - 1, RETIRED_KEY}, val;
+    if (mdb_get(w->txn, w->s->meta, &kf, &val) == 0) {
+        if (val.mv_size == 16) { memcpy(w->fp, val.mv_data, 16); w->fpp = w->fp; }
+        else problem(w->v, KVZ_ERR_FORMAT, "meta: model_fp is %zu bytes, not 16", val.mv_size);
+    }
+    if (mdb_get(w->txn, w->s->meta, &kr, &val) == 0)
+        problem(w->v, KVZ_ERR_BUSY, "meta: these are the old files of a compacted store");
+    return 0;
+}
+
+static int vnames_fn(void *vc)
+{
+    vwalk *w = vc;
+    return collect_doc_hashes(w->s, w->txn, &w->hs, 0);
+}
+
+static int vdocs_fn(void *vc)
+{
+    vwalk *w = vc;
+    vstate *v = w->v;
+    MDB_txn *txn = w->txn;
+    MDB_cursor *c;
+    MDB_val k, val;
+    int rc = mdb_cursor_open(txn, w->s->docs, &c);
+    if (rc) { w->err = lmdb_err(rc, "cursor"); return 0; }
+    uint64_t steps = 0;
+    for (rc = mdb_cursor_get(c, &k, &val, MDB_FIRST); rc == 0 && !v->stop;
+         rc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
+        if (++steps > w->bound) { rc = MDB_CORRUPTED; break; }
+        v->r.n_docs++;
+        const int idl = k.mv_size > 200 ? 200 : (int)k.mv_size;
+        const char *id = k.mv_data;
+        snprintf(w->where, sizeof w->where, "doc '%.*s'", idl, id);
+        if (k.mv_size < 1 || k.mv_size > KVZ_STORE_DOC_ID_MAX || memchr(id, 0, k.mv_size))
+            problem(v, KVZ_ERR_FORMAT, "doc '%.*s': invalid doc id (%zu bytes)", idl, id, k.mv_size);
+        int err = info_decode(&val, w->info);
+        if (err) {
+            problem(v, err, "doc '%.*s': entry does not decode: %s", idl, id, kvz_error_detail());
+            continue;
+        }
+        const kvz_store_doc_info *info = w->info;
+        char hx[33];
+        hex16(info->hash, hx);
+        MDB_val kh = {16, (void *)info->hash}, vr;
+        int rc2 = mdb_get(txn, w->s->refs, &kh, &vr);
+        if (rc2 == MDB_NOTFOUND) {
+            problem(v, KVZ_ERR_NOTFOUND, "doc '%.*s': names blob %s, which is not stored", idl, id, hx);
+        } else if (rc2) {
+            problem(v, KVZ_ERR_LMDB, "doc '%.*s': %s", idl, id, mdb_strerror(rc2));
+        } else if (vr.mv_size == REFS_SIZE &&
+                   (get32((const uint8_t *)vr.mv_data + 4) != info->n_records ||
+                    get64((const uint8_t *)vr.mv_data + 8) != info->bytes_stored)) {
+            problem(v, KVZ_ERR_FORMAT, "doc '%.*s': says %u records / %llu bytes, blob %s has "
+                    "%u / %llu", idl, id, info->n_records, (unsigned long long)info->bytes_stored,
+                    hx, get32((const uint8_t *)vr.mv_data + 4),
+                    (unsigned long long)get64((const uint8_t *)vr.mv_data + 8));
+        }
+    }
+    mdb_cursor_close(c);
+    if (rc && rc != MDB_NOTFOUND)
+        problem(v, KVZ_ERR_FORMAT, "docs: the walk stopped after %s: %s", w->where, mdb_strerror(rc));
+    return 0;
+}
+
+static int vblob_fn(void *vc)
+{
+    vwalk *w = vc;
+    verify_blob(w->s, w->txn, w->v, w->hash, w->fpp, w->ref_records, w->ref_bytes);
+    return 0;
+}
+
+static int vrefs_fn(void *vc)
+{
+    vwalk *w = vc;
+    vstate *v = w->v;
+    MDB_cursor *c;
+    MDB_val k, val;
+    int rc = mdb_cursor_open(w->txn, w->s->refs, &c);
+    if (rc) { w->err = lmdb_err(rc, "cursor"); return 0; }
+    uint64_t steps = 0;
+    for (rc = mdb_cursor_get(c, &k, &val, MDB_FIRST); rc == 0 && !v->stop;
+         rc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
+        if (++steps > w->bound) { rc = MDB_CORRUPTED; break; }
+        v->r.n_blobs++;
+        if (k.mv_size != 16 || val.mv_size != REFS_SIZE) {
+            problem(v, KVZ_ERR_FORMAT, "refs: entry of %zu/%zu bytes (want 16/%d)", k.mv_size,
+                    val.mv_size, REFS_SIZE);
+            continue;
+        }
+        char hx[33];
+        hex16(k.mv_data, hx);
+        snprintf(w->where, sizeof w->where, "blob %s", hx);
+        const uint8_t *rv = val.mv_data;
+        const uint64_t names = names_of(&w->hs, k.mv_data);
+        if (names == 0)
+            problem(v, KVZ_ERR_FORMAT, "blob %s: no doc id names it (refcount %u; kvzip-store gc "
+                    "drops it)", hx, get32(rv));
+        else if (get32(rv) != names)
+            problem(v, KVZ_ERR_FORMAT, "blob %s: refcount %u but %llu doc ids name it", hx,
+                    get32(rv), (unsigned long long)names);
+        uint8_t hash[16];
+        memcpy(hash, k.mv_data, 16);
+        w->hash = hash;
+        w->ref_records = get32(rv + 4);
+        w->ref_bytes = get64(rv + 8);
+        int sig = 0;
+        if (guarded(vblob_fn, w, &sig) == FAULT_INTERNAL)
+            problem(v, KVZ_ERR_FORMAT, "blob %s: reading its records hit a damaged page (%s)",
+                    hx, sig_name(sig));
+    }
+    mdb_cursor_close(c);
+    if (rc && rc != MDB_NOTFOUND)
+        problem(v, KVZ_ERR_FORMAT, "refs: the walk stopped after %s: %s", w->where, mdb_strerror(rc));
+    return 0;
+}
+
+static int vorphans_fn(void *vc)
+{
+    vwalk *w = vc;
+    vstate *v = w->v;
+    MDB_cursor *c;
+    MDB_val k, val;
+    int rc = mdb_cursor_open(w->txn, w->s->blobs, &c);
+    if (rc) { w->err = lmdb_err(rc, "cursor"); return 0; }
+    uint8_t last[16];
+    int have_last = 0;
+    uint64_t steps = 0;
+    for (rc = mdb_cursor_get(c, &k, &val, MDB_FIRST); rc == 0 && !v->stop;
+         rc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
+        if (++steps > w->bound) { rc = MDB_CORRUPTED; break; }
+        if (k.mv_size != KEY_SIZE) {
+            problem(v, KVZ_ERR_FORMAT, "blobs: key of %zu bytes (want %d)", k.mv_size, KEY_SIZE);
+            continue;
+        }
+        if (have_last && !memcmp(last, k.mv_data, 16)) continue; /* one report per hash */
+        memcpy(last, k.mv_data, 16);
+        have_last = 1;
+        char hx[33];
+        hex16(last, hx);
+        snprintf(w->where, sizeof w->where, "the records of blob %s", hx);
+        MDB_val kh = {16, last}, vr;
+        if (mdb_get(w->txn, w->s->refs, &kh, &vr) == MDB_NOTFOUND)
+            problem(v, KVZ_ERR_FORMAT, "blob %s: records stored without a refs entry (orphans; "
+                    "kvzip-store gc drops them)", hx);
+    }
+    mdb_cursor_close(c);
+    if (rc && rc != MDB_NOTFOUND)
+        problem(v, KVZ_ERR_FORMAT, "blobs: the walk stopped after %s: %s", w->where, mdb_strerror(rc));
+    return 0;
+}
+
+/* shared prefix blobs (docs/FORMAT.md §6.6), each decoded once */
+static int vprefix_fn(void *p)
+{
+    vwalk *w = p;
+    verify_prefix_blobs(w->s, w->txn, w->v, w->fpp);
+    return 0;
+}
+
 int kvz_store_verify(kvz_store *s, kvz_store_problem_fn cb, void *user,
                      kvz_store_verify_result *res)
 {
@@ -983,116 +1640,45 @@ int kvz_store_verify(kvz_store *s, kvz_store_problem_fn cb, void *user,
     kvz_store_read *r;
     int err = kvz_store_read_begin(s, &r);
     if (err) return err;
-    MDB_txn *txn = r->txn;
-    MDB_cursor *c = NULL;
-    MDB_val k, val;
-    int rc;
-    kvz_store_doc_info *info = malloc(sizeof *info);
-    hash_set hs = {0};
-    if (!info) { err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: verify"); goto out; }
-
-    /* meta */
-    uint8_t fp[16];
-    const uint8_t *fpp = NULL;
-    MDB_val kf = {8, "model_fp"}, kr = {sizeof RETIRED_KEY - 1, RETIRED_KEY};
-    if ((rc = mdb_get(txn, s->meta, &kf, &val)) == 0) {
-        if (val.mv_size == 16) { memcpy(fp, val.mv_data, 16); fpp = fp; }
-        else problem(&v, KVZ_ERR_FORMAT, "meta: model_fp is %zu bytes, not 16", val.mv_size);
+    vwalk w;
+    memset(&w, 0, sizeof w);
+    w.s = s;
+    w.txn = r->txn;
+    w.v = &v;
+    w.bound = entry_bound(s->env);
+    w.info = malloc(sizeof *w.info);
+    if (!w.info) { err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: verify"); goto out; }
+    static const struct { int (*fn)(void *); const char *name; } walks[] = {
+        {vmeta_fn, "meta"}, {vnames_fn, "docs"}, {vdocs_fn, "docs"}, {vrefs_fn, "refs"},
+        {vorphans_fn, "blobs"}, {vprefix_fn, "prefixes"},
+    };
+    for (size_t i = 0; i < sizeof walks / sizeof walks[0] && !err && !v.stop; i++) {
+        snprintf(w.where, sizeof w.where, "its start");
+        /* a damaged page met by the last walk leaves the txn unusable (MDB_BAD_TXN):
+         * take a fresh snapshot so the next walk still runs */
+        MDB_cursor *probe;
+        if (mdb_cursor_open(w.txn, s->meta, &probe) == MDB_BAD_TXN) {
+            mdb_txn_reset(w.txn);
+            int rc = mdb_txn_renew(w.txn);
+            if (rc) { err = lmdb_err(rc, "renew read txn"); break; }
+        } else {
+            mdb_cursor_close(probe);
+        }
+        int sig = 0, rc = guarded(walks[i].fn, &w, &sig);
+        if (rc == FAULT_INTERNAL) {
+            problem(&v, KVZ_ERR_FORMAT, "%s: reading %s hit a damaged page (%s); the rest of "
+                    "'%s' was not checked", walks[i].name, w.where, sig_name(sig), walks[i].name);
+            if (walks[i].fn == vnames_fn) { free(w.hs.h); w.hs.h = NULL; w.hs.n = 0; }
+        } else if (rc && walks[i].fn == vnames_fn && rc == KVZ_ERR_FORMAT) {
+            problem(&v, rc, "docs: %s", kvz_error_detail());
+        } else if (rc) {
+            err = rc;
+        }
+        if (w.err) err = w.err;
     }
-    if (mdb_get(txn, s->meta, &kr, &val) == 0)
-        problem(&v, KVZ_ERR_BUSY, "meta: these are the old files of a compacted store");
-
-    /* names */
-    if ((err = collect_doc_hashes(s, txn, &hs, 0))) goto out;
-    if ((rc = mdb_cursor_open(txn, s->docs, &c))) { err = lmdb_err(rc, "cursor"); goto out; }
-    for (rc = mdb_cursor_get(c, &k, &val, MDB_FIRST); rc == 0 && !v.stop;
-         rc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
-        v.r.n_docs++;
-        const int idl = k.mv_size > 200 ? 200 : (int)k.mv_size;
-        const char *id = k.mv_data;
-        if (k.mv_size < 1 || k.mv_size > KVZ_STORE_DOC_ID_MAX || memchr(id, 0, k.mv_size))
-            problem(&v, KVZ_ERR_FORMAT, "doc '%.*s': invalid doc id (%zu bytes)", idl, id, k.mv_size);
-        if ((err = info_decode(&val, info))) {
-            problem(&v, err, "doc '%.*s': entry does not decode: %s", idl, id, kvz_error_detail());
-            err = 0;
-            continue;
-        }
-        char hx[33];
-        hex16(info->hash, hx);
-        MDB_val kh = {16, info->hash}, vr;
-        int rc2 = mdb_get(txn, s->refs, &kh, &vr);
-        if (rc2 == MDB_NOTFOUND) {
-            problem(&v, KVZ_ERR_NOTFOUND, "doc '%.*s': names blob %s, which is not stored", idl, id, hx);
-        } else if (rc2) {
-            problem(&v, KVZ_ERR_LMDB, "doc '%.*s': %s", idl, id, mdb_strerror(rc2));
-        } else if (vr.mv_size == REFS_SIZE &&
-                   (get32((const uint8_t *)vr.mv_data + 4) != info->n_records ||
-                    get64((const uint8_t *)vr.mv_data + 8) != info->bytes_stored)) {
-            problem(&v, KVZ_ERR_FORMAT, "doc '%.*s': says %u records / %llu bytes, blob %s has "
-                    "%u / %llu", idl, id, info->n_records, (unsigned long long)info->bytes_stored,
-                    hx, get32((const uint8_t *)vr.mv_data + 4),
-                    (unsigned long long)get64((const uint8_t *)vr.mv_data + 8));
-        }
-    }
-    mdb_cursor_close(c);
-    c = NULL;
-    if (rc && rc != MDB_NOTFOUND) { err = lmdb_err(rc, "walk docs"); goto out; }
-
-    /* blobs through their refs entries */
-    if ((rc = mdb_cursor_open(txn, s->refs, &c))) { err = lmdb_err(rc, "cursor"); goto out; }
-    for (rc = mdb_cursor_get(c, &k, &val, MDB_FIRST); rc == 0 && !v.stop;
-         rc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
-        v.r.n_blobs++;
-        if (k.mv_size != 16 || val.mv_size != REFS_SIZE) {
-            problem(&v, KVZ_ERR_FORMAT, "refs: entry of %zu/%zu bytes (want 16/%d)", k.mv_size,
-                    val.mv_size, REFS_SIZE);
-            continue;
-        }
-        char hx[33];
-        hex16(k.mv_data, hx);
-        const uint8_t *rv = val.mv_data;
-        const uint64_t names = names_of(&hs, k.mv_data);
-        if (names == 0)
-            problem(&v, KVZ_ERR_FORMAT, "blob %s: no doc id names it (refcount %u; kvzip-store gc "
-                    "drops it)", hx, get32(rv));
-        else if (get32(rv) != names)
-            problem(&v, KVZ_ERR_FORMAT, "blob %s: refcount %u but %llu doc ids name it", hx,
-                    get32(rv), (unsigned long long)names);
-        verify_blob(s, txn, &v, k.mv_data, fpp, get32(rv + 4), get64(rv + 8));
-    }
-    mdb_cursor_close(c);
-    c = NULL;
-    if (rc && rc != MDB_NOTFOUND) { err = lmdb_err(rc, "walk refs"); goto out; }
-
-    /* records nobody accounts for */
-    if ((rc = mdb_cursor_open(txn, s->blobs, &c))) { err = lmdb_err(rc, "cursor"); goto out; }
-    uint8_t last[16];
-    int have_last = 0;
-    for (rc = mdb_cursor_get(c, &k, &val, MDB_FIRST); rc == 0 && !v.stop;
-         rc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
-        if (k.mv_size != KEY_SIZE) {
-            problem(&v, KVZ_ERR_FORMAT, "blobs: key of %zu bytes (want %d)", k.mv_size, KEY_SIZE);
-            continue;
-        }
-        if (have_last && !memcmp(last, k.mv_data, 16)) continue; /* one report per hash */
-        memcpy(last, k.mv_data, 16);
-        have_last = 1;
-        MDB_val kh = {16, last}, vr;
-        if (mdb_get(txn, s->refs, &kh, &vr) == MDB_NOTFOUND) {
-            char hx[33];
-            hex16(last, hx);
-            problem(&v, KVZ_ERR_FORMAT, "blob %s: records stored without a refs entry (orphans; "
-                    "kvzip-store gc drops them)", hx);
-        }
-    }
-    mdb_cursor_close(c);
-    c = NULL;
-    if (rc && rc != MDB_NOTFOUND) err = lmdb_err(rc, "walk blobs");
-    if (!err && !v.stop) verify_prefix_blobs(s, txn, &v, fpp); /* shared prefixes, each once */
 out:
-    if (c) mdb_cursor_close(c);
-    free(hs.h);
-    free(info);
+    free(w.hs.h);
+    free(w.info);
     kvz_store_read_end(r);
     if (res) *res = v.r;
     if (!err && v.stop) err = v.stop;
@@ -1114,8 +1700,21 @@ static int drop_records(kvz_store *s, MDB_txn *txn, const uint8_t *hash, gc_ctx 
     uint8_t key[KEY_SIZE];
     make_key(key, hash, 0);
     MDB_val ck = {KEY_SIZE, key}, cv;
+    /* bounded: on a damaged tree a delete may not take the record away */
+    const uint64_t bound = entry_bound(s->env);
+    uint64_t n = 0;
+    uint8_t prev[KEY_SIZE];
+    size_t prev_len = 0;
     rc = mdb_cursor_get(c, &ck, &cv, MDB_SET_RANGE);
     while (rc == 0 && ck.mv_size >= 16 && !memcmp(ck.mv_data, hash, 16)) {
+        if (++n > bound || (ck.mv_size == prev_len && !memcmp(prev, ck.mv_data, prev_len))) {
+            mdb_cursor_close(c);
+            char hx[33];
+            hex16(hash, hx);
+            return damaged("deleting the records of blob %s does not remove them", hx);
+        }
+        prev_len = ck.mv_size <= KEY_SIZE ? ck.mv_size : 0;
+        memcpy(prev, ck.mv_data, prev_len);
         g->r.records_dropped++;
         g->r.bytes_dropped += cv.mv_size;
         if ((rc = mdb_cursor_del(c, 0))) break;
@@ -1146,9 +1745,21 @@ static int gc_body(kvz_store *s, MDB_txn *txn, void *vctx)
         rc = mdb_cursor_open(txn, s->refs, &c);
     }
     MDB_val k, v;
+    /* every loop below is bounded by the pages of the file: a damaged tree can
+     * lead a cursor in circles, and gc holds the writer lock */
+    const uint64_t bound = entry_bound(s->env);
+    uint64_t steps = 0;
     if (!rc) {
         for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
-            if (k.mv_size != 16 || v.mv_size != REFS_SIZE) continue; /* left for verify */
+            if (++steps > bound) {
+                err = damaged("the 'refs' B-tree does not end");
+                goto out;
+            }
+            if (k.mv_size != 16 || v.mv_size != REFS_SIZE) {
+                err = damaged("a 'refs' entry of %zu/%zu bytes (gc deletes nothing)", k.mv_size,
+                              v.mv_size);
+                goto out;
+            }
             const uint64_t names = names_of(&hs, k.mv_data);
             if (names == 0 && n_drop <= ms.ms_entries) {
                 memcpy(drop[n_drop++], k.mv_data, 16);
@@ -1177,15 +1788,22 @@ static int gc_body(kvz_store *s, MDB_txn *txn, void *vctx)
     }
     if (err) goto out;
     /* pass 2: records whose hash has no refs entry, one hash at a time */
-    for (;;) {
+    for (uint64_t round = 0;; round++) {
         uint8_t orphan[16];
         int found = 0;
+        if (round > bound) { err = damaged("gc keeps finding orphan records"); goto out; }
         if ((rc = mdb_cursor_open(txn, s->blobs, &c))) { err = body_rc(rc, "cursor"); goto out; }
         rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
+        steps = 0;
         while (rc == 0) {
-            if (k.mv_size < 16) { /* malformed key: reported by verify, kept */
-                rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
-                continue;
+            if (++steps > bound) {
+                err = damaged("the 'blobs' B-tree does not end");
+                goto out;
+            }
+            if (k.mv_size != KEY_SIZE) { /* not a record key: the tree is damaged */
+                err = damaged("a key of %zu bytes in 'blobs' (kvzip-store verify lists the damage; "
+                              "gc deletes nothing)", k.mv_size);
+                goto out;
             }
             MDB_val kh = {16, k.mv_data}, vr;
             if (mdb_get(txn, s->refs, &kh, &vr) == MDB_NOTFOUND) {
@@ -1208,6 +1826,12 @@ static int gc_body(kvz_store *s, MDB_txn *txn, void *vctx)
         if (!found) break;
         uint64_t before = g->r.records_dropped;
         if ((err = drop_records(s, txn, orphan, g))) goto out;
+        if (g->r.records_dropped == before) {
+            char hx[33];
+            hex16(orphan, hx);
+            err = damaged("blob %s: orphan records found by a walk are not found by a seek", hx);
+            goto out;
+        }
         g->r.orphan_records += g->r.records_dropped - before;
     }
     if ((err = gc_prefixes(s, txn, &g->r))) goto out; /* after the blobs: their META name the prefixes */
@@ -1304,6 +1928,32 @@ static int check_copy(const char *dir)
     return err;
 }
 
+typedef struct { MDB_env *env; const char *dir; int rc; } copy_ctx;
+
+static int copy_fn(void *vc)
+{
+    copy_ctx *c = vc;
+    c->rc = mdb_env_copy2(c->env, c->dir, MDB_CP_COMPACT);
+    return 0;
+}
+
+/* Give @p path the owner, group and permission bits of @p want (creating it empty
+ * first when @p create). chown before chmod: chown may clear set-id bits. */
+static int same_owner_mode(const char *path, const struct stat *want, int create)
+{
+    if (create) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0) return -1;
+        close(fd);
+    }
+    struct stat cur;
+    if (stat(path, &cur)) return -1;
+    if ((cur.st_uid != want->st_uid || cur.st_gid != want->st_gid) &&
+        chown(path, want->st_uid, want->st_gid))
+        return -1;
+    return chmod(path, want->st_mode & 07777);
+}
+
 int kvz_store_compact(kvz_store *s, uint64_t *bytes_before, uint64_t *bytes_after)
 {
     if (bytes_before) *bytes_before = 0;
@@ -1349,18 +1999,51 @@ int kvz_store_compact(kvz_store *s, uint64_t *bytes_before, uint64_t *bytes_afte
     struct stat st;
     pathf(p, sizeof p, "%s/data.mdb", dir);
     if (stat(p, &st) == 0 && bytes_before) *bytes_before = (uint64_t)st.st_size;
-    if (mkdir(tmp, 0755)) {
+    /* the copy gets the store's mode and owner (a compaction run by root must not
+     * lock the owner out): folder, data.mdb and lock.mdb as they are now */
+    struct stat st_dir, st_data, st_lock;
+    int have_lock;
+    pathf(p, sizeof p, "%s/data.mdb", dir);
+    if (stat(dir, &st_dir) || stat(p, &st_data)) {
+        err = kvz_error_set(KVZ_ERR_IO, "kvz_store: stat %s: %s", p, strerror(errno));
+        goto abort;
+    }
+    pathf(p, sizeof p, "%s/lock.mdb", dir);
+    have_lock = stat(p, &st_lock) == 0;
+    if (mkdir(tmp, 0700)) {
         err = kvz_error_set(KVZ_ERR_IO, "kvz_store: mkdir %s: %s", tmp, strerror(errno));
         goto abort;
     }
-    rc = mdb_env_copy2(s->env, tmp, MDB_CP_COMPACT);
-    if (rc) { err = lmdb_err(rc, "compacting copy"); goto cleanup; }
+    copy_ctx cc = {s->env, tmp, 0};
+    int sig = 0;
+    if (guarded(copy_fn, &cc, &sig) == FAULT_INTERNAL) {
+        err = fault_err(sig, "the compacting copy");
+        goto cleanup;
+    }
+    if ((rc = cc.rc)) { err = lmdb_err(rc, "compacting copy"); goto cleanup; }
     pathf(p, sizeof p, "%s/data.mdb", tmp);
     if (fsync_path(p) || fsync_path(tmp)) {
         err = kvz_error_set(errno == ENOSPC ? KVZ_ERR_FULL : KVZ_ERR_IO, "kvz_store: fsync %s: %s",
                             p, strerror(errno));
         goto cleanup;
     }
+    if (same_owner_mode(p, &st_data, 0)) {
+        err = kvz_error_set(KVZ_ERR_IO, "kvz_store: giving %s the store's owner and mode: %s (store "
+                            "unchanged)", p, strerror(errno));
+        goto cleanup;
+    }
+    pathf(p, sizeof p, "%s/lock.mdb", tmp);
+    if (have_lock && same_owner_mode(p, &st_lock, 1)) {
+        err = kvz_error_set(KVZ_ERR_IO, "kvz_store: giving %s the store's owner and mode: %s (store "
+                            "unchanged)", p, strerror(errno));
+        goto cleanup;
+    }
+    if (same_owner_mode(tmp, &st_dir, 0)) {
+        err = kvz_error_set(KVZ_ERR_IO, "kvz_store: giving %s the store's owner and mode: %s (store "
+                            "unchanged)", tmp, strerror(errno));
+        goto cleanup;
+    }
+    pathf(p, sizeof p, "%s/data.mdb", tmp);
     if (stat(p, &st) == 0 && bytes_after) *bytes_after = (uint64_t)st.st_size;
     if ((err = check_copy(tmp))) goto cleanup;
 

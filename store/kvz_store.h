@@ -36,6 +36,19 @@
  *     makes the inner begin wait until that growth gives up (60 s).
  *   - Stale reader slots of killed processes are cleared at open.
  *
+ * Damaged files
+ *   - LMDB trusts its file. kvz_store_open refuses (KVZ_ERR_FORMAT, detail
+ *     "store damaged: ...") an empty data.mdb, one shorter than its meta pages,
+ *     and one shorter than the pages its B-tree uses (pages past the end that are
+ *     all on LMDB's free list are fine).
+ *   - Every call that walks LMDB pages runs under a SIGBUS/SIGSEGV guard (handlers
+ *     installed once per process, on first use; a fault outside a guarded call
+ *     goes to the handler that was there before): a damaged page ends the call
+ *     with KVZ_ERR_FORMAT "store damaged: ... hit an unreadable page" naming what
+ *     was being read, never a crash. Walks are bounded by the number of pages.
+ *   - kvz_store_salvage copies every document that still reads back intact into
+ *     a new store.
+ *
  * Errors: 0 or a negative KVZ_ERR_*; LMDB/errno codes are kept in
  * kvz_error_detail(). Nothing prints or exits.
  */
@@ -59,6 +72,8 @@ extern "C" {
 enum {
     KVZ_STORE_CREATE = 1u,   /**< create the directory / databases if missing */
     KVZ_STORE_READONLY = 2u, /**< read-only environment: writes return KVZ_ERR_ARG */
+    KVZ_STORE_SALVAGE = 4u,  /**< with READONLY: open a store whose data.mdb is cut short
+                                  (refused otherwise) to copy out what is intact */
 };
 
 /** What kvz_store_put_doc() did (its *status). */
@@ -226,8 +241,11 @@ int kvz_store_read_doc(kvz_store_read *r, const char *doc_id, kvz_store_doc_info
  * checksum; the payload is checked when decoded).
  * @param rec,len  out: points into the LMDB map — read only, VALID ONLY UNTIL
  *                 kvz_store_read_end(r). Decode it with kvz_blob_decode_meta().
- * @return 0; KVZ_ERR_NOTFOUND; KVZ_ERR_CHECKSUM / KVZ_ERR_TRUNCATED /
- *         KVZ_ERR_FORMAT / KVZ_ERR_VERSION (corrupt record); KVZ_ERR_LMDB.
+ * @return 0; KVZ_ERR_NOTFOUND (no such record; but when @p hash is the blob of
+ *         the document last read with kvz_store_read_doc(r), a missing record is
+ *         damage: KVZ_ERR_FORMAT "store damaged: document 'ID' ... is missing");
+ *         KVZ_ERR_CHECKSUM / KVZ_ERR_TRUNCATED / KVZ_ERR_FORMAT / KVZ_ERR_VERSION
+ *         (corrupt record); KVZ_ERR_LMDB.
  */
 int kvz_store_read_meta(kvz_store_read *r, const uint8_t hash[16], const uint8_t **rec,
                         size_t *len);
@@ -239,6 +257,17 @@ int kvz_store_read_meta(kvz_store_read *r, const uint8_t hash[16], const uint8_t
  */
 int kvz_store_read_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l,
                          const uint8_t **rec, size_t *len);
+
+/**
+ * The first document whose id sorts after @p after (NULL or "": the first one), in
+ * @p r's snapshot: its id into @p id (NUL-terminated) and its info. One step of a
+ * walk that can go on past a damaged stretch of "docs" by seeking further on.
+ * @return 0; KVZ_ERR_NOTFOUND (no more); KVZ_ERR_FORMAT / KVZ_ERR_VERSION (an entry
+ *         that does not decode: @p id is set when its key was readable, "" if not;
+ *         or a damaged page); KVZ_ERR_LMDB.
+ */
+int kvz_store_read_next_doc(kvz_store_read *r, const char *after, char id[KVZ_STORE_DOC_ID_MAX + 1],
+                            kvz_store_doc_info *info);
 
 /* ------------------------------------------------------------------------- */
 /* Maintenance: verify, garbage-collect, compact                              */
@@ -397,6 +426,34 @@ int kvz_store_read_prefix(kvz_store_read *r, const uint8_t hash[16], uint32_t in
 /** Bytes of all stored prefix records, and their number of prefix blobs (either
  *  out may be NULL). @return 0 or KVZ_ERR_LMDB. */
 int kvz_store_prefix_stats(kvz_store *s, uint64_t *n_prefixes, uint64_t *bytes);
+/** kvz_store_salvage() output. */
+typedef struct kvz_store_salvage_result {
+    uint64_t n_docs;    /**< documents found in the source */
+    uint64_t n_copied;  /**< copied to the new store, every record decoded intact */
+    uint64_t n_lost;    /**< documents found but not copied (damaged) */
+    uint64_t n_gaps;    /**< stretches of "docs" that could not be read (ids unknown) */
+} kvz_store_salvage_result;
+
+/**
+ * Lost-document callback of kvz_store_salvage(): @p doc_id is the document (NULL
+ * for a stretch of the index that could not be read), @p msg one line. Return
+ * nonzero to stop.
+ */
+typedef int (*kvz_store_lost_fn)(void *user, const char *doc_id, int err, const char *msg);
+
+/**
+ * Copy every document of @p src whose entry and records read back intact (the
+ * META record decodes with the store's model, every layer decodes completely)
+ * into a new store in @p dst_dir, keeping ids, doc info and shared blobs. Reads
+ * go on past damaged pages: an unreadable stretch of the doc index is skipped by
+ * seeking to the next possible ids. @p src may be opened with
+ * KVZ_STORE_READONLY | KVZ_STORE_SALVAGE (a data.mdb cut short).
+ * @return 0 when the walk completed (look at res->n_lost / n_gaps); KVZ_ERR_ARG
+ *         (@p dst_dir already holds a store); the callback's nonzero value; or an
+ *         error opening / writing the new store (KVZ_ERR_IO, KVZ_ERR_FULL, ...).
+ */
+int kvz_store_salvage(kvz_store *src, const char *dst_dir, kvz_store_lost_fn cb, void *user,
+                      kvz_store_salvage_result *res);
 
 #ifdef __cplusplus
 }
