@@ -20,7 +20,9 @@
 
 #include "kvz_quant.h"
 
-#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* The SIMD paths carry their own target options (they do not depend on the
+ * build's -march): the run-time check decides whether they run. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KVZ_QDOT_X86 1
 #include <immintrin.h>
 #endif
@@ -184,6 +186,13 @@ static float qdot_ref(uint32_t t, const void *w, const void *q8, int64_t n)
 /* AVX2 / AVX-512                                                           */
 
 #ifdef KVZ_QDOT_X86
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
 
 static inline float h2f_x86(const uint8_t *p)
 {
@@ -351,7 +360,28 @@ DEF_AVX2(dot2_q4_k, up_q4_k, 0)
 DEF_AVX2(dot2_q5_k, up_q5_k, 0)
 DEF_AVX2(dot2_q6_k, up_q6_k, 0)
 
-#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+static float qdot_avx2(uint32_t t, const void *w, const void *q8, int64_t n)
+{
+    switch (t) {
+    case KVZ_TYPE_Q8_0: return dot2_q8_0(w, q8, n);
+    case KVZ_TYPE_Q4_0: return dot2_q4_0(w, q8, n);
+    case KVZ_TYPE_Q4_1: return dot2_q4_1(w, q8, n);
+    case KVZ_TYPE_Q5_0: return dot2_q5_0(w, q8, n);
+    case KVZ_TYPE_Q5_1: return dot2_q5_1(w, q8, n);
+    case KVZ_TYPE_Q4_K: return dot2_q4_k(w, q8, n);
+    case KVZ_TYPE_Q5_K: return dot2_q5_k(w, q8, n);
+    case KVZ_TYPE_Q6_K: return dot2_q6_k(w, q8, n);
+    default: return NAN;
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#define AVX512_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
 
 /* two activation blocks (b, b+1) per 512-bit step, a tail block with 256-bit ops */
 #define DEF_AVX512(NAME, UP, SIGNED)                                                        \
@@ -391,21 +421,6 @@ DEF_AVX512(dot5_q5_1, up_q5_1, 0)
 DEF_AVX512(dot5_q4_k, up_q4_k, 0)
 DEF_AVX512(dot5_q5_k, up_q5_k, 0)
 DEF_AVX512(dot5_q6_k, up_q6_k, 0)
-
-static float qdot_avx2(uint32_t t, const void *w, const void *q8, int64_t n)
-{
-    switch (t) {
-    case KVZ_TYPE_Q8_0: return dot2_q8_0(w, q8, n);
-    case KVZ_TYPE_Q4_0: return dot2_q4_0(w, q8, n);
-    case KVZ_TYPE_Q4_1: return dot2_q4_1(w, q8, n);
-    case KVZ_TYPE_Q5_0: return dot2_q5_0(w, q8, n);
-    case KVZ_TYPE_Q5_1: return dot2_q5_1(w, q8, n);
-    case KVZ_TYPE_Q4_K: return dot2_q4_k(w, q8, n);
-    case KVZ_TYPE_Q5_K: return dot2_q5_k(w, q8, n);
-    case KVZ_TYPE_Q6_K: return dot2_q6_k(w, q8, n);
-    default: return NAN;
-    }
-}
 
 static float qdot_avx512(uint32_t t, const void *w, const void *q8, int64_t n)
 {
