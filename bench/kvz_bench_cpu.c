@@ -3,7 +3,14 @@
  * (OpenBLAS sgemm rate; memory copy bandwidth), a 1-thread baseline, and the
  * KVzip ingest cost as a multiple of a plain prefill of the same document.
  *
- *   build/bin/kvz_bench_cpu [--model PATH] [--doc FILE] [--quick]
+ * Weights: by default the CPU backend computes on the GGUF's quantized blocks
+ * (kvz_qdot for decode, tile dequantization + SGEMM for prefill); --f32 loads
+ * them as fp32 instead (the previous default). The decode bound is the measured
+ * copy bandwidth over the bytes a token must read: the weights as held in memory
+ * (quantized: the file's matrix bytes, kvz_model_weight_bytes) plus the KV cache.
+ *
+ *   build/bin/kvz_bench_cpu [--model PATH] [--doc FILE] [--quick] [--f32]
+ *                           [--no-baseline] [--no-ingest]
  */
 #include <cblas.h>
 #include <math.h>
@@ -15,6 +22,7 @@
 #include "kvz_generate.h"
 #include "kvz_kvzip.h"
 #include "kvz_model.h"
+#include "kvz_qdot.h"
 
 static double sgemm_gflops(int M, int N, int K, int reps)
 {
@@ -100,15 +108,23 @@ static double decode_tps(kvz_model *m, int32_t ctx, int32_t steps)
 int main(int argc, char **argv)
 {
     const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *docp = "samples/aquila_aq300_manual.md";
-    int quick = 0;
+    int quick = 0, f32 = 0, baseline = 1, ingest = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--doc") && i + 1 < argc) docp = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else { fprintf(stderr, "usage: kvz_bench_cpu [--model PATH] [--doc FILE] [--quick]\n"); return 2; }
+        else if (!strcmp(argv[i], "--f32")) f32 = 1;
+        else if (!strcmp(argv[i], "--no-baseline")) baseline = 0;
+        else if (!strcmp(argv[i], "--no-ingest")) ingest = 0;
+        else {
+            fprintf(stderr, "usage: kvz_bench_cpu [--model PATH] [--doc FILE] [--quick] [--f32] "
+                            "[--no-baseline] [--no-ingest]\n");
+            return 2;
+        }
     }
     const int nthr = omp_get_max_threads();
-    printf("# kvzip CPU bench: %d threads\n\n", nthr);
+    printf("# kvzip CPU bench: %d threads, %s weights, qdot ISA %s (CPU has %s)\n\n", nthr,
+           f32 ? "fp32" : "quantized", kvz_isa_name(kvz_qdot_active_isa()), kvz_isa_name(kvz_qdot_cpu_isa()));
     /* bounds, measured now */
     const double peak = sgemm_gflops(1024, 1536, 576, 5), peak_big = sgemm_gflops(2048, 2048, 2048, 3);
     const double bw = copy_gbs((size_t)512 << 20, 5);
@@ -117,14 +133,18 @@ int main(int argc, char **argv)
 
     kvz_model *m, *m1; /* all threads; the 1-thread baseline (the runtime sets the
                         * OpenMP thread count from the model on every forward) */
-    kvz_model_opts o = {.device = KVZ_DEVICE_CPU}, o1 = {.device = KVZ_DEVICE_CPU, .n_threads = 1};
-    if (kvz_model_load(model, &o, &m) || kvz_model_load(model, &o1, &m1)) {
+    kvz_model_opts o = {.device = KVZ_DEVICE_CPU, .f32_weights = f32},
+                   o1 = {.device = KVZ_DEVICE_CPU, .n_threads = 1, .f32_weights = f32};
+    m1 = NULL;
+    if (kvz_model_load(model, &o, &m) || (baseline && kvz_model_load(model, &o1, &m1))) {
         fprintf(stderr, "cannot load %s\n", model);
         return 1;
     }
     const kvz_config *c = kvz_model_config(m);
     const double P = linear_params(c);
-    const double bytes_w = 4.0 * (P + (double)c->n_vocab * c->n_embd); /* fp32 weights read per token */
+    /* weights read per token: every matrix once (tied embeddings: the output matrix) */
+    const double bytes_w = (double)kvz_model_weight_bytes(m);
+    printf("model %s: %s, weights in memory %.1f MB\n\n", model, c->name, bytes_w / 1e6);
 
     printf("| what | tokens | tok/s | GFLOP/s | bound | %% of bound | 1-thread baseline tok/s |\n");
     printf("|---|---|---|---|---|---|---|\n");
@@ -132,7 +152,7 @@ int main(int argc, char **argv)
     for (int li = 0; li < (quick ? 1 : 2); li++) {
         const int32_t T = lens[li];
         double secs;
-        double base = prefill_tps(m1, T, NULL);
+        double base = m1 ? prefill_tps(m1, T, NULL) : NAN;
         double tps = prefill_tps(m, T, &secs);
         const double flops = 2.0 * P * T + 2.0 * 2.0 * (double)T * T / 2.0 * c->head_dim * c->n_head * c->n_layer;
         printf("| prefill | %d | %.0f | %.1f | %.1f GFLOP/s | %.0f%% | %.0f |\n", T, tps, flops / secs / 1e9,
@@ -140,7 +160,7 @@ int main(int argc, char **argv)
     }
     for (int li = 0; li < (quick ? 1 : 2); li++) {
         const int32_t ctx = lens[li];
-        double base = decode_tps(m1, ctx, 16);
+        double base = m1 ? decode_tps(m1, ctx, 16) : NAN;
         double tps = decode_tps(m, ctx, 32);
         const double bytes = bytes_w + 4.0 * 2 * (double)ctx * c->n_layer * c->n_kv_head * c->head_dim;
         const double bound = bw * 1e9 / bytes;
@@ -148,6 +168,11 @@ int main(int argc, char **argv)
                ctx, tps, bound, bytes / 1e6, bw, 100.0 * tps / bound, base);
     }
 
+    if (!ingest) {
+        kvz_model_free(m);
+        kvz_model_free(m1);
+        return 0;
+    }
     /* ingest vs plain prefill on a real document */
     FILE *f = fopen(docp, "rb");
     if (!f) { fprintf(stderr, "cannot open %s\n", docp); return 1; }

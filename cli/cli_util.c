@@ -1,4 +1,5 @@
 #include "cli_util.h"
+#include "kvz_model_names.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -127,7 +128,12 @@ static int file_exists(const char *p)
 
 const char *cli_model_path(const char *flag_value)
 {
-    if (flag_value) return flag_value;
+    if (flag_value) { /* --model NAME: a model fetched by scripts/fetch-model (kvz_model_names.h) */
+        static char named[PATH_MAX];
+        if (!file_exists(flag_value) && kvz_model_find(flag_value, named, sizeof named) != KVZ_ERR_ARG)
+            return named;
+        return flag_value;
+    }
     const char *env = getenv("KVZ_MODEL");
     if (env && *env) return env;
     if (file_exists(KVZ_DEFAULT_MODEL)) return KVZ_DEFAULT_MODEL;

@@ -10,7 +10,7 @@
 
 static void usage(void)
 {
-    printf("usage: kvzip-tokenize [--ids | --pieces] [--special] [--model PATH] < text\n"
+    printf("usage: kvzip-tokenize [--ids | --pieces] [--special] [--model PATH|NAME] < text\n"
            "\n"
            "Reads UTF-8 text on standard input and prints its tokens under the model's\n"
            "byte-level BPE tokenizer (loaded from the GGUF; no weights are read).\n"
@@ -18,7 +18,8 @@ static void usage(void)
            "  --ids          space-separated token ids on one line (default)\n"
            "  --pieces       one token per line: id, then the token's bytes as a JSON string\n"
            "  --special      match special-token text such as <|im_start|> literally\n"
-           "  --model PATH   GGUF file (default: $KVZ_MODEL or %s)\n"
+           "  --model PATH|NAME  GGUF file, or a name fetched by scripts/fetch-model\n"
+           "                 (default: $KVZ_MODEL or %s)\n"
            "  -h, --help     this text\n", KVZ_DEFAULT_MODEL);
 }
 

@@ -1,5 +1,10 @@
-/* CPU backend: fp32 forward pass over OpenBLAS GEMMs. The reference for every
- * other backend. */
+/* CPU backend: forward pass with fp32 activations. The reference for every other
+ * backend. Weights are either fp32 (synthetic models, or KVZ f32_weights) or the
+ * GGUF's quantized blocks read in place (kvz_qdot): a few tokens at a time
+ * (decode) go through int8 dot products on the quantized rows; larger batches
+ * dequantize a tile of weight rows at a time into a small buffer and run an
+ * OpenBLAS SGEMM on it, so prefill keeps the fp32 GEMM speed without an fp32
+ * copy of the model. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -8,6 +13,8 @@
 
 #include "kvz_error.h"
 #include "kvz_model_impl.h"
+#include "kvz_qdot.h"
+#include "kvz_quant.h"
 #include "kvz_vmath.h"
 
 #define KVZ_CPU_MAX_BATCH 1024   /* tokens per internal pass (bounds scratch memory) */
@@ -19,14 +26,83 @@
  * unbounded decoding bit for bit (DESIGN §5). */
 #define KVZ_ATTN_KCHUNK 256
 
-/* y (n, out) = x (n, in) · Wᵀ, W (out, in); beta=1 accumulates into y. */
-static void matmul(const float *x, const float *w, float *y, int n, int in, int out, float beta)
+/* Batches below this many tokens use int8 dot products on the quantized rows;
+ * larger ones dequantize weight tiles for SGEMM (the dequantization is paid once
+ * per tile and batch, so it amortizes over the tokens). */
+#define KVZ_QGEMM_MIN_TOKENS 16
+#define KVZ_QTILE_ROWS 64
+
+/* Scratch floats linear() needs for n tokens of input width in. */
+static size_t linear_work_floats(int n, int in, int nthr)
 {
-    if (n == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, beta, y, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in,
-                    beta, y, out);
+    const size_t q8 = ((size_t)n * kvz_q8_row_bytes(in) + 3) / 4;
+    const size_t tiles = (size_t)nthr * KVZ_QTILE_ROWS * (size_t)in;
+    return (n < KVZ_QGEMM_MIN_TOKENS ? q8 : tiles) + 16;
+}
+
+/* y (n, ·) = x (n, in) · [W_0; W_1; ..]ᵀ: the outputs of matrix k land in columns
+ * [Σ_{j<k} rows_j, +rows_k) of y (row stride ldy); beta=1 accumulates into y.
+ * @p work holds linear_work_floats(n, in, threads) floats. */
+static void linear(const kvz_wmat *W, int nw, const float *x, int n, int in, float *y, int ldy,
+                   float beta, float *work)
+{
+    if (nw == 1 && W[0].type == KVZ_TYPE_F32) {
+        const float *w = W[0].data;
+        const int out = W[0].rows;
+        if (n == 1)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, x, 1, beta, y, 1);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, in, w, in,
+                        beta, y, ldy);
+        return;
+    }
+    int64_t off[4] = {0};
+    for (int k = 0; k < nw; k++) off[k + 1] = off[k] + W[k].rows;
+    if (n < KVZ_QGEMM_MIN_TOKENS) {
+        const size_t rb = kvz_q8_row_bytes(in);
+        uint8_t *qa = (uint8_t *)work;
+        if (in % 32 == 0) /* else every matrix is F32 (quantized types have blocks of >= 32) */
+            for (int i = 0; i < n; i++) kvz_q8_quantize(x + (size_t)i * in, in, qa + (size_t)i * rb);
+#pragma omp parallel for schedule(static)
+        for (int64_t r = 0; r < off[nw]; r++) {
+            int k = 0;
+            while (r >= off[k + 1]) k++;
+            const kvz_wmat *w = &W[k];
+            const uint8_t *row = (const uint8_t *)w->data + (size_t)(r - off[k]) * w->row_bytes;
+            for (int i = 0; i < n; i++) {
+                float v;
+                if (w->type == KVZ_TYPE_F32) {
+                    const float *wr = (const float *)row, *xi = x + (size_t)i * in;
+                    v = 0.0f;
+                    for (int j = 0; j < in; j++) v += wr[j] * xi[j];
+                } else {
+                    v = kvz_qdot(w->type, row, qa + (size_t)i * rb, in);
+                }
+                float *o = y + (size_t)i * ldy + r;
+                *o = beta != 0.0f ? *o + v : v;
+            }
+        }
+        return;
+    }
+    int64_t toff[4] = {0};
+    for (int k = 0; k < nw; k++) toff[k + 1] = toff[k] + (W[k].rows + KVZ_QTILE_ROWS - 1) / KVZ_QTILE_ROWS;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t t = 0; t < toff[nw]; t++) {
+        int k = 0;
+        while (t >= toff[k + 1]) k++;
+        const kvz_wmat *w = &W[k];
+        const int64_t r0 = (t - toff[k]) * KVZ_QTILE_ROWS;
+        const int nr = (int)(w->rows - r0 < KVZ_QTILE_ROWS ? w->rows - r0 : KVZ_QTILE_ROWS);
+        const uint8_t *src = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+        const float *tile = (const float *)src;
+        if (w->type != KVZ_TYPE_F32) {
+            float *buf = work + (size_t)omp_get_thread_num() * KVZ_QTILE_ROWS * (size_t)in;
+            kvz_dequantize(w->type, src, buf, (int64_t)nr * in);
+            tile = buf;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nr, in, 1.0f, x, in, tile, in, beta,
+                    y + off[k] + r0, ldy);
+    }
 }
 
 static void rmsnorm(float *out, const float *x, const float *w, int n, int d, float eps)
@@ -305,6 +381,10 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
                              (size_t)KVZ_ATTN_KCHUNK * hd) *
                                 (size_t)omp_get_max_threads();
     if (attn_work < min_work) attn_work = min_work;
+    /* the linear layers use the attention scratch while attention is not running */
+    const int lin_in = ff > qd ? (ff > d ? ff : d) : (qd > d ? qd : d);
+    const size_t lin_work = linear_work_floats(n, lin_in, omp_get_max_threads());
+    if (attn_work < lin_work) attn_work = lin_work;
     /* LongFlow terms (n_kv_head, B) go on top, so that the query blocking (and with
      * it the summation order) does not depend on B */
     attn_work += (size_t)kv->out_slots * c->n_kv_head;
@@ -321,13 +401,16 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
     float *vb = kb + (size_t)n * kvd;             /* (n, kvd) values */
     float *work = vb + (size_t)n * kvd;           /* attention scratch */
 
-    for (int32_t i = 0; i < n; i++)
-        memcpy(x + (size_t)i * d, m->tok_embd + (size_t)tokens[i] * d, sizeof(float) * d);
+    for (int32_t i = 0; i < n; i++) {
+        const uint8_t *row = (const uint8_t *)m->m_tok.data + (size_t)tokens[i] * m->m_tok.row_bytes;
+        if (m->m_tok.type == KVZ_TYPE_F32) memcpy(x + (size_t)i * d, row, sizeof(float) * d);
+        else kvz_dequantize(m->m_tok.type, row, x + (size_t)i * d, d);
+    }
 
     for (int32_t l = 0; l < c->n_layer; l++) {
         const kvz_layer_w *L = &m->layers[l];
         rmsnorm(xn, x, L->attn_norm, n, d, c->norm_eps);
-        matmul(xn, L->wqkv, qkv, n, d, nqkv, 0.0f);
+        linear(L->mqkv, L->n_mqkv, xn, n, d, qkv, nqkv, 0.0f, work);
         /* split (n, [q|k|v]) into contiguous q (n, qd), k (n, kvd), v (n, kvd) */
         for (int32_t i = 0; i < n; i++) {
             const float *r = qkv + (size_t)i * nqkv;
@@ -355,21 +438,21 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
         }
         int rc = attention(kv, l, qb, n, pos0, att, work, attn_work);
         if (rc) return rc;
-        matmul(att, L->wo, x, n, qd, d, 1.0f);
+        linear(&L->mo, 1, att, n, qd, x, d, 1.0f, work);
         rmsnorm(xn, x, L->ffn_norm, n, d, c->norm_eps);
-        matmul(xn, L->wgu, gu, n, d, 2 * ff, 0.0f);
+        linear(L->mgu, L->n_mgu, xn, n, d, gu, 2 * ff, 0.0f, work);
         for (int32_t i = 0; i < n; i++) {
             const float *g = gu + (size_t)i * 2 * ff, *u = g + ff;
             float *h = hb + (size_t)i * ff;
             for (int j = 0; j < ff; j++) h[j] = g[j] / (1.0f + kvz_expf(-g[j])) * u[j];
         }
-        matmul(hb, L->wdown, x, n, ff, d, 1.0f);
+        linear(&L->mdown, 1, hb, n, ff, x, d, 1.0f, work);
     }
     if (want_logits == KVZ_FWD_NO_LOGITS || !logits) return 0;
     const int32_t first = want_logits == KVZ_FWD_LOGITS_ALL ? 0 : n - 1;
     const int32_t rows = n - first;
     rmsnorm(xn, x + (size_t)first * d, m->out_norm, rows, d, c->norm_eps);
-    matmul(xn, m->output, logits, rows, d, c->n_vocab, 0.0f);
+    linear(&m->m_out, 1, xn, rows, d, logits, c->n_vocab, 0.0f, work);
     return 0;
 }
 

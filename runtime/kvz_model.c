@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "kvz_error.h"
+#include "kvz_qdot.h"
 #include "kvz_quant.h"
 
 /* ======================================================================== */
@@ -184,6 +185,135 @@ static int load_weights_gguf(kvz_model *m)
     return 0;
 }
 
+/* ---- CPU backend on quantized weights: views into the mmap'd GGUF ---------- */
+
+/* Tensor @p name (rows, cols) as a kvz_wmat: a view of the file's blocks when
+ * kvz_qdot reads its type (or it is F32), else an fp32 copy owned by the model. */
+static int load_wmat(kvz_model *m, const char *name, int64_t cols, int64_t rows, kvz_wmat *w)
+{
+    const kvz_gguf_tensor *t = kvz_gguf_find_tensor(m->gguf, name);
+    if (!t) return kvz_error_set(KVZ_ERR_NOTFOUND, "tensor %s is missing", name);
+    int64_t ne1 = 1;
+    for (uint32_t i = 1; i < t->n_dims; i++) ne1 *= t->ne[i];
+    if (t->ne[0] != cols || ne1 != rows)
+        return kvz_error_set(KVZ_ERR_FORMAT, "tensor %s has shape [%lld, %lld], expected "
+                             "[%lld, %lld]", name, (long long)t->ne[0], (long long)ne1,
+                             (long long)cols, (long long)rows);
+    if (!kvz_type_supported(t->type))
+        return kvz_error_set(KVZ_ERR_UNSUPPORTED, "tensor %s has unsupported type %s", name,
+                             kvz_type_name(t->type));
+    w->rows = (int32_t)rows;
+    w->cols = (int32_t)cols;
+    if (t->type == KVZ_TYPE_F32 || (kvz_qdot_supported(t->type) && cols % 32 == 0)) {
+        w->data = t->data;
+        w->type = t->type;
+        w->row_bytes = (size_t)kvz_type_nbytes(t->type, cols);
+        m->weight_bytes += (uint64_t)w->row_bytes * (uint64_t)rows;
+        return 0;
+    }
+    void **o = realloc(m->owned, sizeof *o * (size_t)(m->n_owned + 1));
+    if (!o) return KVZ_ERR_NOMEM;
+    m->owned = o;
+    float *f = alloc_f32(m, cols * rows);
+    if (!f) return KVZ_ERR_NOMEM;
+    m->owned[m->n_owned++] = f;
+    int rc = kvz_dequantize(t->type, t->data, f, cols * rows);
+    if (rc) return kvz_error_set(rc, "tensor %s: cannot dequantize", name);
+    w->data = f;
+    w->type = KVZ_TYPE_F32;
+    w->row_bytes = sizeof(float) * (size_t)cols;
+    return 0;
+}
+
+static int load_weights_quant(kvz_model *m)
+{
+    const kvz_config *c = &m->cfg;
+    const int64_t d = c->n_embd, qd = (int64_t)c->n_head * c->head_dim,
+                  kvd = (int64_t)c->n_kv_head * c->head_dim, ff = c->n_ff;
+    int rc;
+    m->quant_cpu = 1;
+    if (!(m->out_norm = alloc_f32(m, d))) return KVZ_ERR_NOMEM;
+    if ((rc = load_wmat(m, "token_embd.weight", d, c->n_vocab, &m->m_tok)) ||
+        (rc = load_tensor(m->gguf, "output_norm.weight", d, 1, m->out_norm, 0)))
+        return rc;
+    if (c->tied_embd) m->m_out = m->m_tok;
+    else if ((rc = load_wmat(m, "output.weight", d, c->n_vocab, &m->m_out))) return rc;
+    const kvz_gguf_tensor *rf = kvz_gguf_find_tensor(m->gguf, "rope_freqs.weight");
+    if (rf) {
+        float tmp[128];
+        if (rf->ne[0] != c->head_dim / 2 || c->head_dim / 2 > 128)
+            return kvz_error_set(KVZ_ERR_FORMAT, "rope_freqs.weight has a wrong shape");
+        if ((rc = load_tensor(m->gguf, "rope_freqs.weight", c->head_dim / 2, 1, tmp, 0))) return rc;
+        for (int j = 0; j < c->head_dim / 2; j++) m->rope_inv_freq[j] /= tmp[j];
+    }
+    char nm[96];
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        kvz_layer_w *L = &m->layers[l];
+        if (!(L->attn_norm = alloc_f32(m, d)) || !(L->ffn_norm = alloc_f32(m, d))) return KVZ_ERR_NOMEM;
+#define LW(suffix, cols, rows, dst)                                             \
+    do {                                                                        \
+        snprintf(nm, sizeof nm, "blk.%d.%s", (int)l, suffix);                   \
+        if ((rc = load_wmat(m, nm, cols, rows, dst))) return rc;                \
+    } while (0)
+#define LT(suffix, cols, rows, dst)                                             \
+    do {                                                                        \
+        snprintf(nm, sizeof nm, "blk.%d.%s", (int)l, suffix);                   \
+        if ((rc = load_tensor(m->gguf, nm, cols, rows, dst, 0))) return rc;     \
+    } while (0)
+        LT("attn_norm.weight", d, 1, L->attn_norm);
+        LT("ffn_norm.weight", d, 1, L->ffn_norm);
+        LW("attn_q.weight", d, qd, &L->mqkv[0]);
+        LW("attn_k.weight", d, kvd, &L->mqkv[1]);
+        LW("attn_v.weight", d, kvd, &L->mqkv[2]);
+        L->n_mqkv = 3;
+        LW("attn_output.weight", qd, d, &L->mo);
+        LW("ffn_gate.weight", d, ff, &L->mgu[0]);
+        LW("ffn_up.weight", d, ff, &L->mgu[1]);
+        L->n_mgu = 2;
+        LW("ffn_down.weight", ff, d, &L->mdown);
+        if (c->qkv_bias) {
+            if (!(L->bqkv = alloc_f32(m, qd + 2 * kvd))) return KVZ_ERR_NOMEM;
+            LT("attn_q.bias", qd, 1, L->bqkv);
+            LT("attn_k.bias", kvd, 1, L->bqkv + qd);
+            LT("attn_v.bias", kvd, 1, L->bqkv + qd + kvd);
+        }
+        if (c->qk_norm) {
+            if (!(L->q_norm = alloc_f32(m, c->head_dim)) || !(L->k_norm = alloc_f32(m, c->head_dim)))
+                return KVZ_ERR_NOMEM;
+            LT("attn_q_norm.weight", c->head_dim, 1, L->q_norm);
+            LT("attn_k_norm.weight", c->head_dim, 1, L->k_norm);
+        }
+#undef LW
+#undef LT
+    }
+    return 0;
+}
+
+/* CPU backend on fp32 host weights: kvz_wmat views of the arrays. */
+static kvz_wmat f32_view(const float *p, int64_t rows, int64_t cols)
+{
+    kvz_wmat w = {p, KVZ_TYPE_F32, (int32_t)rows, (int32_t)cols, sizeof(float) * (size_t)cols};
+    return w;
+}
+
+static void wire_f32(kvz_model *m)
+{
+    const kvz_config *c = &m->cfg;
+    const int64_t d = c->n_embd, qd = (int64_t)c->n_head * c->head_dim,
+                  kvd = (int64_t)c->n_kv_head * c->head_dim, ff = c->n_ff;
+    m->m_tok = f32_view(m->tok_embd, c->n_vocab, d);
+    m->m_out = f32_view(m->output, c->n_vocab, d);
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        kvz_layer_w *L = &m->layers[l];
+        L->mqkv[0] = f32_view(L->wqkv, qd + 2 * kvd, d);
+        L->n_mqkv = 1;
+        L->mo = f32_view(L->wo, d, qd);
+        L->mgu[0] = f32_view(L->wgu, 2 * ff, d);
+        L->n_mgu = 1;
+        L->mdown = f32_view(L->wdown, d, ff);
+    }
+}
+
 /* ---- synthetic weights: counter-based, bf16-exact, identical on every backend */
 
 static inline uint64_t mix64(uint64_t z)
@@ -291,7 +421,7 @@ static uint64_t host_weight_bytes(const kvz_config *c)
     return 4 * (per * c->n_layer + (uint64_t)c->n_vocab * d * (c->tied_embd ? 1 : 2));
 }
 
-static int model_init(kvz_model *m, const kvz_model_opts *opts, int synthetic)
+static int model_init(kvz_model *m, const kvz_model_opts *opts, int synthetic, int quant)
 {
     const kvz_config *c = &m->cfg;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -308,7 +438,10 @@ static int model_init(kvz_model *m, const kvz_model_opts *opts, int synthetic)
 #endif
     m->device = dev;
     /* synthetic weights on the GPU are generated there: no host copy */
-    uint64_t need = synthetic && dev == KVZ_DEVICE_CUDA ? 0 : host_weight_bytes(c);
+    /* no fp32 host copy: synthetic weights on the GPU are generated there, and the CPU
+     * backend on a GGUF reads the quantized blocks in place (quant) */
+    uint64_t need = (synthetic && dev == KVZ_DEVICE_CUDA) || (quant && !synthetic && dev == KVZ_DEVICE_CPU)
+                        ? 0 : host_weight_bytes(c);
     uint64_t have = phys_mem_bytes();
     if (have && need > have / 10 * 8)
         return kvz_error_set(KVZ_ERR_NOMEM, "%s needs %.1f GiB of host memory for fp32 weights; "
@@ -336,6 +469,12 @@ void kvz_model_free_host_weights(kvz_model *m)
     free(m->tok_embd);
     free(m->out_norm);
     m->tok_embd = m->output = m->out_norm = NULL;
+    for (int32_t i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    m->owned = NULL;
+    m->n_owned = 0;
+    memset(&m->m_tok, 0, sizeof m->m_tok);
+    memset(&m->m_out, 0, sizeof m->m_out);
 }
 
 static int finish_load(kvz_model *m)
@@ -354,8 +493,16 @@ int kvz_model_load(const char *path, const kvz_model_opts *opts, kvz_model **out
     if (!m) return KVZ_ERR_NOMEM;
     int rc = kvz_gguf_open(path, &m->gguf);
     if (!rc) rc = config_from_gguf(m->gguf, &m->cfg);
-    if (!rc) rc = model_init(m, opts, 0);
-    if (!rc) rc = load_weights_gguf(m);
+    /* CPU: compute on the file's quantized blocks unless fp32 is asked for; the CUDA
+     * backend takes fp32 host weights and converts them at upload */
+    const int want_quant = !(opts && opts->f32_weights);
+    if (!rc) rc = model_init(m, opts, 0, want_quant);
+    if (!rc && m->device != KVZ_DEVICE_CPU) rc = load_weights_gguf(m);
+    else if (!rc && want_quant) rc = load_weights_quant(m);
+    else if (!rc) {
+        rc = load_weights_gguf(m);
+        if (!rc) wire_f32(m);
+    }
     if (!rc) rc = kvz_tokenizer_from_gguf(m->gguf, &m->tok);
     if (!rc) {
         kvz_gguf_fingerprint(m->gguf, m->fingerprint);
@@ -376,11 +523,14 @@ int kvz_model_synthetic(const char *name, const kvz_model_opts *opts, kvz_model 
     if (!m) return KVZ_ERR_NOMEM;
     uint64_t seed = opts && opts->seed ? opts->seed : 0x6b767a6970ULL;
     int rc = kvz_synthetic_config(name, &m->cfg);
-    if (!rc) rc = model_init(m, opts, 1);
+    if (!rc) rc = model_init(m, opts, 1, 0);
     m->synthetic = 1;
     m->synth_seed = seed;
     /* CUDA: kvz_cuda_model_init generates the same values on the device */
-    if (!rc && m->device != KVZ_DEVICE_CUDA) rc = load_weights_synth(m, seed);
+    if (!rc && m->device != KVZ_DEVICE_CUDA) {
+        rc = load_weights_synth(m, seed);
+        if (!rc) wire_f32(m);
+    }
     if (!rc) rc = kvz_tokenizer_bytes(m->cfg.n_vocab, &m->tok);
     if (!rc) {
         char spec[128];

@@ -60,6 +60,9 @@ typedef struct kvz_model_opts {
     int32_t device;       /**< KVZ_DEVICE_* (AUTO: CUDA when a GPU is usable) */
     int32_t n_threads;    /**< CPU threads; 0 = all cores */
     uint64_t seed;        /**< synthetic weights seed (0 = default) */
+    int32_t f32_weights;  /**< CPU backend: 1 = dequantize every GGUF weight to fp32 at load
+                               (the reference path, ~4x the file in memory); 0 = compute on
+                               the quantized blocks in the mmap'd file (default) */
 } kvz_model_opts;
 
 typedef struct kvz_model kvz_model;

@@ -6,6 +6,16 @@
 #include "kvz_gguf.h"
 #include "kvz_model.h"
 
+/* A weight matrix as the CPU backend reads it: @c rows rows of @c cols elements of
+ * ggml type @c type (KVZ_TYPE_*), row r at data + r * row_bytes. Quantized types
+ * point into the mmap'd GGUF (no copy); F32 points at host fp32 arrays. */
+typedef struct kvz_wmat {
+    const void *data;
+    uint32_t type;
+    int32_t rows, cols;
+    size_t row_bytes;
+} kvz_wmat;
+
 /* Host fp32 weights of one layer. Matrices are [out][in] row-major (GGUF ne[0] = in). */
 typedef struct kvz_layer_w {
     float *attn_norm;  /* (n_embd) */
@@ -17,6 +27,14 @@ typedef struct kvz_layer_w {
     float *ffn_norm;   /* (n_embd) */
     float *wgu;        /* (2*n_ff, n_embd): gate rows, then up rows */
     float *wdown;      /* (n_embd, n_ff) */
+    /* What the CPU backend multiplies with (kvz_cpu.c): either views of the fp32
+     * arrays above (one fused wqkv / wgu matrix) or the GGUF's quantized tensors
+     * (q, k, v and gate, up as separate matrices, each of its own type). The
+     * outputs of the matrices of a group are concatenated in order. */
+    kvz_wmat mqkv[3];
+    int32_t n_mqkv;
+    kvz_wmat mo, mgu[2], mdown;
+    int32_t n_mgu;
 } kvz_layer_w;
 
 typedef struct kvz_cuda_model kvz_cuda_model; /* CUDA backend state (kernels/ glue) */
@@ -37,6 +55,10 @@ struct kvz_model {
     float *output;           /* (n_vocab, n_embd); aliases tok_embd when tied */
     float *rope_inv_freq;    /* (head_dim/2) */
     kvz_layer_w *layers;     /* (n_layer) */
+    kvz_wmat m_tok, m_out;   /* CPU backend: token embedding rows, output projection */
+    int32_t quant_cpu;       /* 1: CPU backend on the GGUF's quantized tensors (no fp32 copy) */
+    void **owned;            /* fp32 copies of tensors of a type kvz_qdot cannot read */
+    int32_t n_owned;
     uint64_t weight_bytes;
     kvz_cuda_model *cuda;    /* non-NULL on the CUDA backend */
 };
