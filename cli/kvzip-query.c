@@ -14,7 +14,7 @@
 static void usage(void)
 {
     printf(
-        "usage: kvzip-query (--doc ID | --text FILE) [options] QUESTION [QUESTION ...]\n"
+        "usage: kvzip-query (--doc ID | --text FILE) [options] [--] QUESTION [QUESTION ...]\n"
         "\n"
         "Answers each QUESTION about a document. The document's KV cache is built once\n"
         "and every question is answered against that same cache.\n"
@@ -48,6 +48,7 @@ static void usage(void)
         "                     every --stats figure (KV held, output-buffer slots, evictions, load time)\n"
         "  --stats            timings and KV-cache figures on stderr\n"
         "  -h, --help         this text\n"
+        "  --                 end of options: every later argument is a QUESTION\n"
         "\n"
         "Exit status: 0 ok, 2 usage, 3 bad input document or too long, 4 model problem,\n"
         "5 store problem (corrupt blob, other model), 6 document or file not found,\n"
@@ -104,12 +105,15 @@ int main(int argc, char **argv)
     kvzip_session_opts so;
     kvzip_session_defaults(&so);
     long threads = 0;
-    int json = 0, stats = 0;
+    int json = 0, stats = 0, ended = 0;
     int32_t device = KVZIP_DEVICE_AUTO;
     const char **questions = calloc((size_t)argc, sizeof *questions);
     int nq = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        const int kind = cli_arg_kind(a, &ended); /* "--" ends the options */
+        if (kind < 0) continue;
+        if (kind == 0) { questions[nq++] = a; continue; }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         else if (!strcmp(a, "--text")) text_path = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--doc")) doc_id = cli_value(argc, argv, &i);
