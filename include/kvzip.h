@@ -65,9 +65,10 @@
  * library was built with CUDA and a GPU is usable), KVZIP_DEVICE_AUTO (CUDA when
  * usable, else CPU).
  *
- * Thread-safety of the figures: kvzip_answer_stats / kvzip_session_info are
- * plain structs filled by the call; no pointers into the library are returned
- * except strings documented as static.
+ * Figures (kvzip_answer_stats, kvzip_session_info, kvzip_model_info) are plain
+ * structs the call fills in; the library returns no pointers into its own memory
+ * except the static strings of kvzip_strerror / kvzip_version and the per-thread
+ * kvzip_errdetail.
  */
 #ifndef KVZIP_H
 #define KVZIP_H
