@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvz_compose.h"
 #include "kvz_error.h"
 #include "kvz_generate.h"
 #include "kvz_ingest.h"
@@ -66,6 +67,7 @@ struct kvzip_session {
     kvz_kv *kv;
     kvzip_session_opts o;
     kvzip_session_info info;
+    kvzip_docs_info docs;     /* multi-document sessions (kvzip_session_open_docs) */
 };
 
 static void ref_init(ref *r)
@@ -694,4 +696,79 @@ int kvzip_ask(kvzip_session *ss, const char *question, kvzip_token_fn cb, void *
     }
     if (rc == KVZIP_ERR_CANCELED) kvz_error_set(rc, "the token callback stopped the answer");
     return rc;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Multi-document sessions                                                     */
+
+void kvzip_docs_defaults(kvzip_docs_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->placement = KVZIP_PLACE_AUTO;
+}
+
+int kvzip_session_open_docs(kvzip_model *m, kvzip_store *s, const char *const *doc_ids, int32_t n,
+                            const kvzip_session_opts *opts, const kvzip_docs_opts *dopts,
+                            kvzip_session **out)
+{
+    NEED(out);
+    *out = NULL;
+    NEED(m);
+    NEED(s);
+    NEED(doc_ids);
+    if (n < 1) return kvz_error_set(KVZIP_ERR_ARG, "no document given");
+    for (int32_t i = 0; i < n; i++) NEED(doc_ids[i]);
+    kvzip_docs_opts d;
+    if (dopts) d = *dopts;
+    else kvzip_docs_defaults(&d);
+    if (d.placement < KVZIP_PLACE_AUTO || d.placement > KVZIP_PLACE_PARALLEL)
+        return kvz_error_set(KVZIP_ERR_ARG, "placement %d unknown", d.placement);
+    if (!(d.key_scale >= 0.0f && d.key_scale <= 100.0f))
+        return kvz_error_set(KVZIP_ERR_ARG, "key_scale %g out of range", d.key_scale);
+    kvzip_session_opts o;
+    int rc = session_opts(opts, &o);
+    kvzip_session *ss;
+    if (rc || (rc = session_new(m, s, &o, &ss))) return rc;
+    kvz_compose_opts co;
+    kvz_compose_defaults(&co);
+    co.placement = d.placement; /* KVZIP_PLACE_* == KVZ_PLACE_* */
+    co.key_scale = d.key_scale;
+    co.reserve = o.max_question_tokens + o.max_tokens;
+    kvz_compose_meta cm;
+    dev_lock(m);
+    rc = kvz_docs_load(m->m, s->s, doc_ids, n, &co, extra_rows(&o), o.budget, &ss->kv, &cm, NULL);
+    if (!rc) kvz_kv_checkpoint(ss->kv);
+    dev_unlock(m);
+    if (rc) {
+        kvzip_session_close(ss);
+        return rc;
+    }
+    ss->info.doc_tokens = cm.q_pos;
+    ss->info.prefix_tokens = cm.n_prefix;
+    ss->info.from_store = 1;
+    ss->info.ratio = cm.ratio_min;
+    ss->info.rows_kept = cm.rows;
+    ss->info.rows_full = cm.rows_full;
+    ss->info.load_s = cm.load_s;
+    ss->docs.n_docs = cm.n_docs;
+    ss->docs.placement = cm.placement;
+    ss->docs.span = cm.span_seq;
+    ss->docs.max_doc_tokens = cm.max_ctx;
+    *out = ss;
+    return 0;
+}
+
+int kvzip_session_docs_info(const kvzip_session *ss, kvzip_docs_info *out)
+{
+    NEED(ss);
+    NEED(out);
+    if (ss->docs.n_docs) {
+        *out = ss->docs;
+    } else {
+        memset(out, 0, sizeof *out);
+        out->n_docs = 1;
+        out->span = ss->info.doc_tokens;
+        out->max_doc_tokens = ss->info.doc_tokens - ss->info.prefix_tokens;
+    }
+    return 0;
 }

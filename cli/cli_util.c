@@ -1,6 +1,7 @@
 #include "cli_util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -32,21 +33,24 @@ void cli_error(int rc, const char *fmt, ...)
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
     const char *detail = kvz_error_detail();
+    /* ids, paths and details may hold any bytes: one line, no terminal controls */
     if (detail[0])
-        fprintf(stderr, "%s: error: %s: %s (%s)\n", cli_prog, what, detail, kvz_strerror(rc));
+        fprintf(stderr, "%s: error: %s: %s (%s)\n", cli_prog, cli_escape(what), cli_escape(detail),
+                kvz_strerror(rc));
     else
-        fprintf(stderr, "%s: error: %s: %s\n", cli_prog, what, kvz_strerror(rc));
+        fprintf(stderr, "%s: error: %s: %s\n", cli_prog, cli_escape(what), kvz_strerror(rc));
     kvz_error_clear();
 }
 
 void cli_usage_error(const char *fmt, ...)
 {
+    char msg[2048];
     va_list ap;
-    fprintf(stderr, "%s: ", cli_prog);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, " (see %s --help)\n", cli_prog);
+    /* the message quotes arguments as given: escaped, so it stays one line */
+    fprintf(stderr, "%s: %s (see %s --help)\n", cli_prog, cli_escape(msg), cli_prog);
     exit(EXIT_USAGE);
 }
 
@@ -67,7 +71,7 @@ int cli_exit_code(int rc)
 int cli_model_exit(int rc)
 {
     if (rc == KVZ_ERR_NOTFOUND) return EXIT_NOTFOUND;
-    if (rc == KVZ_ERR_NOMEM) return EXIT_FAIL;
+    if (rc == KVZ_ERR_NOMEM || rc == KVZ_ERR_IO) return EXIT_FAIL;
     return EXIT_MODEL;
 }
 
@@ -97,6 +101,16 @@ double cli_parse_double(const char *flag, const char *s, double lo, double hi)
     if (errno || end == s || *end || !(v >= lo && v <= hi))
         cli_usage_error("%s expects a number in [%g, %g], got '%s'", flag, lo, hi, s);
     return v;
+}
+
+int cli_arg_kind(const char *a, int *ended)
+{
+    if (*ended) return 0;
+    if (!strcmp(a, "--")) {
+        *ended = 1;
+        return -1;
+    }
+    return a[0] == '-' && a[1] != 0;
 }
 
 const char *cli_value(int argc, char **argv, int *i)
@@ -149,6 +163,42 @@ int32_t cli_parse_device(const char *s)
     cli_usage_error("--device expects cpu, cuda or auto, got '%s'", s);
 }
 
+static const char *file_kind(mode_t m)
+{
+    if (S_ISDIR(m)) return "a folder";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    return "not a file";
+}
+
+int cli_open_regular(const char *path, struct stat *st)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        const int e = errno;
+        if (stat(path, st) == 0 && !S_ISREG(st->st_mode)) /* a socket cannot be opened */
+            return kvz_error_set(KVZ_ERR_IO, "%s: not a regular file (%s)", path,
+                                 file_kind(st->st_mode));
+        return kvz_error_set(e == ENOENT ? KVZ_ERR_NOTFOUND : KVZ_ERR_IO, "%s: %s", path,
+                             strerror(e));
+    }
+    if (fstat(fd, st)) {
+        int e = errno;
+        close(fd);
+        return kvz_error_set(KVZ_ERR_IO, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st->st_mode)) {
+        close(fd);
+        return kvz_error_set(KVZ_ERR_IO, "%s: not a regular file (%s)", path,
+                             file_kind(st->st_mode));
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
+}
+
 int cli_load_model(const char *path, const char *synthetic, int32_t device, int32_t threads,
                    kvz_model **out)
 {
@@ -160,9 +210,17 @@ int cli_load_model(const char *path, const char *synthetic, int32_t device, int3
     } else {
         if (!file_exists(path)) {
             fprintf(stderr, "%s: error: model file %s not found (run scripts/setup, or pass "
-                    "--model / set KVZ_MODEL)\n", cli_prog, path);
+                    "--model / set KVZ_MODEL)\n", cli_prog, cli_escape(path));
             return KVZ_ERR_NOTFOUND;
         }
+        /* a FIFO, device or folder: say so instead of blocking in open() or mapping it */
+        struct stat st;
+        int fd = cli_open_regular(path, &st);
+        if (fd < 0) {
+            cli_error(fd, "cannot load model %s", path);
+            return fd;
+        }
+        close(fd);
         rc = kvz_model_load(path, &o, out);
         if (rc) cli_error(rc, "cannot load model %s", path);
     }
@@ -201,31 +259,32 @@ fail:
 int cli_read_text(const char *path, size_t max_bytes, char **out, size_t *len)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kvz_error_set(errno == ENOENT ? KVZ_ERR_NOTFOUND : KVZ_ERR_IO, "%s: %s", path,
-                             strerror(errno));
     struct stat st;
-    if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return kvz_error_set(KVZ_ERR_IO, "%s: not a regular file", path);
-    }
+    int fd = cli_open_regular(path, &st); /* never blocks on a FIFO or device */
+    if (fd < 0) return fd;
     if ((size_t)st.st_size > max_bytes) {
-        fclose(f);
+        close(fd);
         return kvz_error_set(KVZ_ERR_CONTEXT, "%s: %lld bytes is larger than the %zu-byte limit",
                              path, (long long)st.st_size, max_bytes);
     }
     char *buf = malloc((size_t)st.st_size + 1);
     if (!buf) {
-        fclose(f);
+        close(fd);
         return KVZ_ERR_NOMEM;
     }
-    size_t n = fread(buf, 1, (size_t)st.st_size, f);
-    int err = ferror(f);
-    fclose(f);
-    if (err || n != (size_t)st.st_size) {
+    size_t n = 0;
+    while (n < (size_t)st.st_size) {
+        ssize_t k = read(fd, buf + n, (size_t)st.st_size - n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        n += (size_t)k;
+    }
+    int e = errno;
+    close(fd);
+    if (n != (size_t)st.st_size) {
         free(buf);
-        return kvz_error_set(KVZ_ERR_IO, "%s: read failed", path);
+        return kvz_error_set(KVZ_ERR_IO, "%s: read failed (%zu of %lld bytes%s%s)", path, n,
+                             (long long)st.st_size, n ? "" : ": ", n ? "" : strerror(e));
     }
     buf[n] = 0;
     size_t i = 0;
@@ -263,4 +322,49 @@ void cli_json_str(FILE *f, const char *s, size_t len)
         }
     }
     fputc('"', f);
+}
+
+const char *cli_escape(const char *s)
+{
+    enum { IN_MAX = 4095, OUT_CAP = IN_MAX * 6 + 8 };
+    static _Thread_local char bufs[8][OUT_CAP];
+    static _Thread_local unsigned next;
+    char *out = bufs[next++ % 8];
+    static const char hx[] = "0123456789abcdef";
+    const unsigned char *p = (const unsigned char *)(s ? s : "");
+    size_t len = strlen((const char *)p), o = 0, i = 0;
+    const size_t lim = len > IN_MAX ? IN_MAX : len;
+    while (i < lim) {
+        unsigned c = p[i];
+        if (c == '\\') { out[o++] = '\\'; out[o++] = '\\'; i++; continue; }
+        if (c == '\n' || c == '\r' || c == '\t') {
+            out[o++] = '\\';
+            out[o++] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+            i++;
+            continue;
+        }
+        if (c < 0x20 || c == 0x7f) {
+            o += (size_t)sprintf(out + o, "\\x%c%c", hx[c >> 4], hx[c & 15]);
+            i++;
+            continue;
+        }
+        if (c < 0x80) { out[o++] = (char)c; i++; continue; }
+        /* one UTF-8 sequence: valid and not a C1 control -> as is; else \xHH per byte */
+        const size_t n = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        if (n && i + n <= lim && cli_is_text((const char *)p + i, n, NULL)) {
+            if (c == 0xC2 && p[i + 1] < 0xA0) /* U+0080..U+009F: C1 controls (CSI, ...) */
+                o += (size_t)sprintf(out + o, "\\u00%c%c", hx[p[i + 1] >> 4], hx[p[i + 1] & 15]);
+            else {
+                memcpy(out + o, p + i, n);
+                o += n;
+            }
+            i += n;
+            continue;
+        }
+        o += (size_t)sprintf(out + o, "\\x%c%c", hx[c >> 4], hx[c & 15]);
+        i++;
+    }
+    if (len > lim) { memcpy(out + o, "...", 3); o += 3; }
+    out[o] = 0;
+    return out;
 }

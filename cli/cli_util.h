@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 #include "kvz_model.h"
 
@@ -23,14 +24,16 @@ extern const char *cli_prog;
  * when the cores are shared with other work, and ~nothing is lost when idle. */
 void cli_init(const char *prog, char **argv);
 
-/* Print "prog: error: <what>: <strerror(rc)>[: detail]" on one line. */
+/* Print "prog: error: <what>: <detail> (<class>)" on one line, what and detail escaped
+ * (cli_escape), then clear the detail. */
 void cli_error(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Print "prog: <msg>" and exit(EXIT_USAGE). */
+/* Print "prog: <msg> (see prog --help)" (msg escaped: cli_escape) and exit(EXIT_USAGE). */
 void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /* Exit code for a library error class. */
 int cli_exit_code(int rc);
-/* Exit code for a failed model load: 6 file not found, 1 out of memory, 4 otherwise
- * (corrupt, truncated or unsupported model). */
+/* Exit code for a failed model load: 6 file not found, 1 out of memory or not a
+ * regular file / unreadable (KVZ_ERR_IO), 4 otherwise (corrupt, truncated or
+ * unsupported model). */
 int cli_model_exit(int rc);
 /* Exit code for a failed store open or document load: 6 not found, 4 another model's
  * store, 1 out of memory, 5 otherwise (corrupt, not LMDB, other version, full). */
@@ -49,6 +52,19 @@ const char *cli_store_path(const char *flag_value);
 /* Device from "cpu|cuda|auto" (usage error otherwise). */
 int32_t cli_parse_device(const char *s);
 
+/* Options and operands: call with each argv[i] of the option loop. Returns 1 when
+ * argv[i] looks like an option (begins with '-' and is not a lone "-"; the caller
+ * decides what it does with unknown ones), 0 for an operand (everything else, and
+ * every argument after "--"), -1 for the first "--" itself (skip it). *ended starts
+ * at 0 and is set once "--" is seen. */
+int cli_arg_kind(const char *a, int *ended);
+
+/* Open @p path for reading without ever blocking (O_NONBLOCK, so a FIFO with no
+ * writer does not hang the open) and check it is a regular file. Returns the fd
+ * (blocking mode restored) and fills *st, or a negative KVZ_ERR_*: NOTFOUND (missing),
+ * IO ("<path>: not a regular file (a FIFO)" / folder / device / socket, or errno). */
+int cli_open_regular(const char *path, struct stat *st);
+
 /* Load the model (or a synthetic one when synthetic != NULL); prints the error. */
 int cli_load_model(const char *path, const char *synthetic, int32_t device, int32_t threads,
                    kvz_model **out);
@@ -59,6 +75,13 @@ int cli_load_model(const char *path, const char *synthetic, int32_t device, int3
 int cli_read_text(const char *path, size_t max_bytes, char **out, size_t *len);
 /* 1 if buf is valid UTF-8 with no NUL bytes; else 0 and *bad = offset of the first bad byte. */
 int cli_is_text(const char *buf, size_t len, size_t *bad);
+
+/* s for a human-readable line: control characters (C0, DEL, C1), invalid UTF-8
+ * bytes and backslashes escaped (\n \r \t \\ \xHH \u0080..\u009f), so a file
+ * name cannot move the cursor, change colours or start a fake line. Returns one of
+ * 8 rotating thread-local buffers (use at most 8 in one printf); over 4095 input
+ * bytes it is cut and ends in "...". */
+const char *cli_escape(const char *s);
 
 /* Write s as a JSON string literal (with quotes). */
 void cli_json_str(FILE *f, const char *s, size_t len);

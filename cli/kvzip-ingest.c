@@ -2,6 +2,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,24 +13,34 @@
 #include "kvz_error.h"
 #include "kvz_generate.h"
 #include "kvz_ingest.h"
+#include "kvz_parts.h"
+#include "kvz_store.h"
 
 static void usage(void)
 {
     printf(
-        "usage: kvzip-ingest [options] DIR|FILE [DIR|FILE ...]\n"
+        "usage: kvzip-ingest [options] [--] DIR|FILE [DIR|FILE ...]\n"
         "\n"
         "Prefills each document through the model, scores every KV pair by how much the\n"
         "model needs it to reconstruct the document (KVzip), evicts the weakest, and\n"
         "stores the compressed cache in the store. Folders are walked recursively for\n"
         ".txt, .md and extension-less text files (hidden entries and other extensions\n"
-        "are ignored; empty, binary or non-UTF-8 files found there are skipped with a\n"
-        "warning). A FILE named on the command line must be usable text: otherwise it is\n"
-        "an error. A document already stored with the same content, model and\n"
-        "parameters is not recomputed.\n"
+        "are ignored; empty, binary or non-UTF-8 files, dangling links, FIFOs, sockets\n"
+        "and devices found there are skipped with a warning; symbolic links are\n"
+        "followed, each real folder once). A FILE named on the command line must be text\n"
+        "(a regular file): otherwise it is an error. A document already stored with the\n"
+        "same content, model and parameters is not recomputed: under its own id it is\n"
+        "'unchanged', under a new id 'linked' to the stored cache.\n"
         "\n"
         "Document ids are paths relative to the DIR argument, or the file name for a\n"
-        "FILE argument (or --id). A document longer than the model allows per cache\n"
-        "(%s) is split into parts stored as ID#1, ID#2, ...; query a part by that id.\n"
+        "FILE argument (or --id); at most 511 bytes. Two inputs that would get the same\n"
+        "id are an error before anything is computed (nothing is stored; see\n"
+        "--path-ids); the same file named twice is stored once. A document longer\n"
+        "than the model allows per cache (%s) is split into parts stored as\n"
+        "ID#1, ID#2, ...; query a part by that id. Each part records that it is a part\n"
+        "of ID: re-ingesting a shorter version removes only ID's own parts, never an\n"
+        "independent document named like one, and a part never overwrites another\n"
+        "document's id (that document fails instead).\n"
         "\n"
         "  --store DIR        store folder (default: $KVZ_STORE or ./%s)\n"
         "  --max-map BYTES    cap on the store's LMDB map (it grows on demand up to this,\n"
@@ -42,6 +53,9 @@ static void usage(void)
         "  --mode M           global (one threshold over all heads, default) or uniform\n"
         "  --kv-dtype T       stored K/V type: f16 (default), bf16 or f32\n"
         "  --id ID            document id (one FILE argument only)\n"
+        "  --path-ids         ids keep where the input came from: a DIR argument's own\n"
+        "                     name leads its ids (dir1/same.txt), a FILE argument's id is\n"
+        "                     its path as given (a/x.txt); for inputs whose plain ids collide\n"
         "  --part-tokens N    split documents longer than N tokens into parts (default and\n"
         "                     maximum: what the model allows)\n"
         "  --threads N        CPU threads (default: all cores)\n"
@@ -49,9 +63,14 @@ static void usage(void)
         "  --json             print the summary as one JSON object on stdout\n"
         "  --quiet            no progress bar and no per-document lines\n"
         "  -h, --help         this text\n"
+        "  --                 end of options: every later argument is a DIR or FILE\n"
         "\n"
-        "Exit status: 0 all documents stored or unchanged; 1 some document failed;\n"
-        "2 usage; 4 model problem; 5 store problem (docs/ERRORS.md).\n",
+        "The summary counts ingested (computed), linked and unchanged documents (a part\n"
+        "counts as one); its KV figures cover only the caches computed in this run.\n"
+        "\n"
+        "Exit status: 0 all documents stored or unchanged; 1 some document failed, or\n"
+        "two inputs map to one id; 2 usage; 3 no usable document found; 4 model problem;\n"
+        "5 store problem (docs/ERRORS.md).\n",
         "5,808 tokens for the default model: its context minus room for the repeat pass", KVZ_DEFAULT_STORE, KVZ_DEFAULT_MODEL);
 }
 
@@ -59,24 +78,42 @@ typedef struct doc_item {
     char *path;    /* file to read */
     char *id;      /* doc id */
     int named;     /* named on the command line (not found by a folder walk) */
+    int usable;    /* read (and later tokenized) without error */
+    int dup;       /* left out: the same file as an earlier input, or an id out of range */
+    char *text;    /* file contents until tokenized */
+    size_t len;
+    int32_t n_parts;
 } doc_item;
 
 typedef struct doc_list {
     doc_item *v;
     size_t n, cap;
-    int skipped;   /* ignored candidates (binary, empty) */
+    int skipped;   /* ignored candidates (binary, empty, dangling links, FIFOs) */
 } doc_list;
+
+static _Noreturn void oom(void)
+{
+    fprintf(stderr, "kvzip-ingest: error: out of memory\n");
+    exit(EXIT_FAIL);
+}
+
+static void *xrealloc(void *p, size_t n)
+{
+    p = realloc(p, n);
+    if (!p) oom();
+    return p;
+}
 
 static void push_doc(doc_list *l, const char *path, const char *id)
 {
     if (l->n == l->cap) {
         l->cap = l->cap ? l->cap * 2 : 64;
-        l->v = realloc(l->v, l->cap * sizeof *l->v);
-        if (!l->v) { fprintf(stderr, "kvzip-ingest: error: out of memory\n"); exit(EXIT_FAIL); }
+        l->v = xrealloc(l->v, l->cap * sizeof *l->v);
     }
+    memset(&l->v[l->n], 0, sizeof l->v[l->n]);
     l->v[l->n].path = strdup(path);
     l->v[l->n].id = strdup(id);
-    l->v[l->n].named = 0;
+    if (!l->v[l->n].path || !l->v[l->n].id) oom();
     l->n++;
 }
 
@@ -92,12 +129,39 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Walk @p dir (sorted, recursive); ids are paths relative to the root. */
-static void walk(doc_list *l, const char *dir, const char *rel)
+/* Real folders already walked under one DIR argument: (st_dev, st_ino). */
+typedef struct dir_set {
+    struct { dev_t dev; ino_t ino; } *v;
+    size_t n, cap;
+} dir_set;
+
+/* 1 if the folder was new (and is now recorded), 0 if already walked. */
+static int dir_set_add(dir_set *s, const struct stat *st)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->v[i].dev == st->st_dev && s->v[i].ino == st->st_ino) return 0;
+    if (s->n == s->cap) s->v = xrealloc(s->v, (s->cap = s->cap ? s->cap * 2 : 16) * sizeof *s->v);
+    s->v[s->n].dev = st->st_dev;
+    s->v[s->n].ino = st->st_ino;
+    s->n++;
+    return 1;
+}
+
+static void walk_skip(doc_list *l, const char *path, const char *why)
+{
+    fprintf(stderr, "kvzip-ingest: warning: skipping %s: %s\n", cli_escape(path), why);
+    l->skipped++;
+}
+
+/* Walk @p dir (sorted, recursive); ids are paths relative to the root. Symbolic links
+ * are followed, but each real folder is walked at most once (@p seen), so a link to
+ * an ancestor or a second link to a folder adds nothing. */
+static void walk(doc_list *l, const char *dir, const char *rel, dir_set *seen)
 {
     DIR *d = opendir(dir);
     if (!d) {
-        fprintf(stderr, "kvzip-ingest: warning: cannot read folder %s: %s\n", dir, strerror(errno));
+        fprintf(stderr, "kvzip-ingest: warning: cannot read folder %s: %s\n", cli_escape(dir),
+                strerror(errno));
         l->skipped++;
         return;
     }
@@ -106,21 +170,90 @@ static void walk(doc_list *l, const char *dir, const char *rel)
     struct dirent *e;
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.') continue;
-        if (n == cap) names = realloc(names, (cap = cap ? cap * 2 : 32) * sizeof *names);
-        names[n++] = strdup(e->d_name);
+        if (n == cap) names = xrealloc(names, (cap = cap ? cap * 2 : 32) * sizeof *names);
+        if (!(names[n++] = strdup(e->d_name))) oom();
     }
     closedir(d);
     if (n) qsort(names, n, sizeof *names, cmp_str);
     for (size_t i = 0; i < n; i++) {
         char path[4096], id[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        snprintf(id, sizeof id, "%s%s%s", rel, rel[0] ? "/" : "", names[i]);
-        struct stat st;
-        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) walk(l, path, id);
-        else if (S_ISREG(st.st_mode) && wanted_name(names[i])) push_doc(l, path, id);
+        const int pl = snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        const int il = snprintf(id, sizeof id, "%s%s%s", rel, rel[0] ? "/" : "", names[i]);
+        struct stat st, lst;
+        if (pl >= (int)sizeof path || il >= (int)sizeof id) {
+            walk_skip(l, path, "path longer than 4095 bytes");
+        } else if (stat(path, &st) != 0) {
+            /* never look at st after a failed stat: a dangling link is skipped wherever it sorts */
+            const int e2 = errno;
+            if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode) && e2 == ENOENT)
+                walk_skip(l, path, "dangling symbolic link");
+            else
+                walk_skip(l, path, strerror(e2));
+        } else if (S_ISDIR(st.st_mode)) {
+            if (dir_set_add(seen, &st)) {
+                walk(l, path, id, seen);
+            } else {
+                fprintf(stderr, "kvzip-ingest: warning: skipping %s: folder already walked "
+                        "(a symbolic link to it or to an ancestor)\n", cli_escape(path));
+            }
+        } else if (wanted_name(names[i])) {
+            if (S_ISREG(st.st_mode)) push_doc(l, path, id);
+            else walk_skip(l, path, "not a regular file");
+        }
         free(names[i]);
     }
     free(names);
+}
+
+/* ---- ids: each stored id comes from exactly one input ---- */
+typedef struct id_ref {
+    const char *id;   /* the stored id (owned by the doc, or by `own`) */
+    char *own;
+    size_t doc;       /* index into the doc list */
+    int32_t part, n_parts;
+} id_ref;
+
+static int cmp_id_ref(const void *a, const void *b)
+{
+    const id_ref *x = a, *y = b;
+    int c = strcmp(x->id, y->id);
+    if (c) return c;
+    return x->doc < y->doc ? -1 : x->doc > y->doc;
+}
+
+static int same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (!strcmp(a, b)) return 1;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* Report every id two inputs would both be stored under; drop exact repeats of one
+ * file (the same path or the same file twice). Returns the number of collisions. */
+static int id_collisions(doc_list *l, id_ref *r, size_t n)
+{
+    int bad = 0;
+    qsort(r, n, sizeof *r, cmp_id_ref);
+    for (size_t i = 1; i < n; i++) {
+        if (strcmp(r[i - 1].id, r[i].id)) continue;
+        doc_item *a = &l->v[r[i - 1].doc], *b = &l->v[r[i].doc];
+        if (r[i - 1].doc == r[i].doc) continue;
+        if (r[i - 1].n_parts <= 1 && r[i].n_parts <= 1 && same_file(a->path, b->path)) {
+            b->dup = 1; /* the same file named twice: store it once */
+            const id_ref t = r[i]; /* compare what follows with the one kept (swap: each */
+            r[i] = r[i - 1];       /* entry keeps its own allocation) */
+            r[i - 1] = t;
+            continue;
+        }
+        char pa[64] = "", pb[64] = "";
+        if (r[i - 1].n_parts > 1) snprintf(pa, sizeof pa, " (part %d of %d)", r[i - 1].part, r[i - 1].n_parts);
+        if (r[i].n_parts > 1) snprintf(pb, sizeof pb, " (part %d of %d)", r[i].part, r[i].n_parts);
+        fprintf(stderr, "kvzip-ingest: error: %s%s and %s%s would both be stored as '%s'; nothing "
+                "stored (use --path-ids, ingest them separately, or name one FILE with --id)\n",
+                cli_escape(a->path), pa, cli_escape(b->path), pb, cli_escape(r[i].id));
+        bad++;
+    }
+    return bad;
 }
 
 /* ---- progress bar ---- */
@@ -151,19 +284,81 @@ static int on_progress(void *ctx, int64_t done, int64_t total)
     return 0;
 }
 
+/* ---- one document's parts, reported by kvz_ingest_document ---- */
+typedef struct run_state {
+    progress *pr;
+    int quiet;
+    int n_written, n_linked, n_unchanged, n_parts;
+    int64_t tokens_done, pairs_total, pairs_kept, tokens_written;
+    uint64_t b_full, b_kept, b_stored;
+    int part_failed;   /* a part's error was printed */
+} run_state;
+
+static int on_part(void *ctx, const kvz_part_report *rep)
+{
+    run_state *rs = ctx;
+    rs->tokens_done += 2 * (int64_t)rep->n_tokens;
+    rs->pr->base = rs->tokens_done;
+    if (rs->pr->tty && !rs->pr->quiet) fprintf(stderr, "\r\033[K");
+    if (rep->rc) {
+        cli_error(rep->rc, "%s", rep->id);
+        rs->part_failed = 1;
+        return 0;
+    }
+    const kvz_ingest_result *r = rep->res;
+    const char *what;
+    rs->n_parts++;
+    if (r->status == KVZ_STORE_WRITTEN) {
+        /* only computed caches have figures of their own: a linked or unchanged
+         * document shares records stored earlier */
+        what = "ingested";
+        rs->n_written++;
+        rs->tokens_written += r->n_ctx;
+        rs->pairs_total += r->pairs_total;
+        rs->pairs_kept += r->pairs_kept;
+        rs->b_full += r->bytes_full;
+        rs->b_kept += r->bytes_kept;
+        rs->b_stored += r->bytes_stored;
+    } else if (r->status == KVZ_STORE_LINKED) {
+        what = "linked";
+        rs->n_linked++;
+    } else {
+        what = "unchanged"; /* UNCHANGED, or INFO_UPDATED: same content, entry refreshed */
+        rs->n_unchanged++;
+    }
+    if (!rs->quiet)
+        fprintf(stderr, "%-10s %s  %d tokens  %.1f s\n", what, cli_escape(rep->id), r->n_ctx,
+                r->seconds);
+    return 0;
+}
+
+static void free_docs(doc_list *docs)
+{
+    for (size_t i = 0; i < docs->n; i++) {
+        free(docs->v[i].path);
+        free(docs->v[i].id);
+        free(docs->v[i].text);
+    }
+    free(docs->v);
+}
+
 int main(int argc, char **argv)
 {
     cli_init("kvzip-ingest", argv);
     const char *store_flag = NULL, *model_flag = NULL, *synth_flag = NULL, *id_flag = NULL;
     long threads = 0, part_tokens = 0, max_map = 0;
-    int json = 0, quiet = 0;
+    int json = 0, quiet = 0, ended = 0, path_ids = 0;
     int32_t device = KVZ_DEVICE_AUTO;
     kvz_ingest_opts o;
     kvz_ingest_defaults(&o);
     const char **inputs = calloc((size_t)argc, sizeof *inputs);
+    if (!inputs) oom();
     int ni = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        const int kind = cli_arg_kind(a, &ended); /* "--" ends the options */
+        if (kind < 0) continue;
+        if (kind == 0) { inputs[ni++] = a; continue; }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         else if (!strcmp(a, "--store")) store_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--max-map")) max_map = cli_parse_long(a, cli_value(argc, argv, &i), 1 << 16, LONG_MAX);
@@ -186,6 +381,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--part-tokens")) part_tokens = cli_parse_long(a, cli_value(argc, argv, &i), 16, 1 << 30);
         else if (!strcmp(a, "--threads")) threads = cli_parse_long(a, cli_value(argc, argv, &i), 1, 1024);
         else if (!strcmp(a, "--device")) device = cli_parse_device(cli_value(argc, argv, &i));
+        else if (!strcmp(a, "--path-ids")) path_ids = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (a[0] == '-' && a[1] == '-') cli_usage_error("unknown option '%s'", a);
@@ -194,12 +390,14 @@ int main(int argc, char **argv)
     if (ni == 0) cli_usage_error("no document or folder given");
     if (id_flag && ni != 1) cli_usage_error("--id takes exactly one FILE argument");
 
+    /* 1. the document list: nothing below reads a file or loads the model until
+     *    every id is known to be valid and unique */
     doc_list docs = {0};
     int failed = 0;
     for (int i = 0; i < ni; i++) {
         struct stat st;
         if (stat(inputs[i], &st)) {
-            fprintf(stderr, "kvzip-ingest: error: %s: %s\n", inputs[i], strerror(errno));
+            fprintf(stderr, "kvzip-ingest: error: %s: %s\n", cli_escape(inputs[i]), strerror(errno));
             failed++;
             continue;
         }
@@ -209,16 +407,77 @@ int main(int argc, char **argv)
             snprintf(root, sizeof root, "%s", inputs[i]);
             size_t rl = strlen(root);
             while (rl > 1 && root[rl - 1] == '/') root[--rl] = 0;
-            walk(&docs, root, "");
-        } else {
-            const char *base = strrchr(inputs[i], '/');
-            push_doc(&docs, inputs[i], id_flag ? id_flag : (base ? base + 1 : inputs[i]));
+            dir_set seen = {0};
+            dir_set_add(&seen, &st);
+            char *real = path_ids ? realpath(root, NULL) : NULL; /* "." -> its real name */
+            const char *name = real ? strrchr(real, '/') + 1 : "";
+            walk(&docs, root, name, &seen);
+            free(real);
+            free(seen.v);
+        } else { /* a FIFO or device is rejected when read, without blocking */
+            const char *base = strrchr(inputs[i], '/'), *given = inputs[i];
+            while (given[0] == '.' && given[1] == '/') given += 2;
+            push_doc(&docs, inputs[i], id_flag ? id_flag : path_ids ? given : (base ? base + 1 : inputs[i]));
             docs.v[docs.n - 1].named = 1;
         }
     }
-    if (docs.n == 0 && !failed) {
-        fprintf(stderr, "kvzip-ingest: error: no .txt, .md or extension-less documents found\n");
-        return EXIT_INPUT;
+    for (size_t i = 0; i < docs.n; i++) {
+        size_t n = strlen(docs.v[i].id);
+        if (n == 0 || n > KVZ_STORE_DOC_ID_MAX) {
+            fprintf(stderr, "kvzip-ingest: error: %s: document id of %zu bytes is outside 1..%d "
+                    "bytes (ingest the FILE alone with a shorter --id)\n", cli_escape(docs.v[i].path), n,
+                    KVZ_STORE_DOC_ID_MAX);
+            docs.v[i].dup = 1; /* not read, not stored */
+            failed++;
+        }
+    }
+    {
+        id_ref *r = xrealloc(NULL, (docs.n + 1) * sizeof *r);
+        size_t nr = 0;
+        for (size_t i = 0; i < docs.n; i++)
+            if (!docs.v[i].dup) r[nr++] = (id_ref){docs.v[i].id, NULL, i, 1, 1};
+        int bad = id_collisions(&docs, r, nr);
+        free(r);
+        if (bad) {
+            free_docs(&docs);
+            free(inputs);
+            return EXIT_FAIL;
+        }
+    }
+
+    /* 2. read every file: unusable ones fail (named) or are skipped (walk) before
+     *    any model or store work */
+    int n_usable = 0;
+    for (size_t i = 0; i < docs.n; i++) {
+        doc_item *d = &docs.v[i];
+        if (d->dup) continue;
+        int rc = cli_read_text(d->path, (size_t)256 << 20, &d->text, &d->len);
+        if ((rc == KVZ_ERR_ENCODING || rc == KVZ_ERR_EMPTY) && !d->named) {
+            fprintf(stderr, "kvzip-ingest: warning: skipping %s: %s\n", cli_escape(d->path),
+                    cli_escape(kvz_error_detail()));
+            kvz_error_clear();
+            docs.skipped++;
+            continue;
+        }
+        if (rc) {
+            cli_error(rc, "cannot read %s", d->path);
+            failed++;
+            continue;
+        }
+        d->usable = 1;
+        n_usable++;
+    }
+    if (n_usable == 0) { /* no store is created or opened for nothing */
+        if (!failed) {
+            if (docs.skipped)
+                fprintf(stderr, "kvzip-ingest: error: no usable document: %d file%s skipped\n",
+                        docs.skipped, docs.skipped == 1 ? "" : "s");
+            else
+                fprintf(stderr, "kvzip-ingest: error: no .txt, .md or extension-less documents found\n");
+        }
+        free_docs(&docs);
+        free(inputs);
+        return failed ? EXIT_FAIL : EXIT_INPUT;
     }
 
     kvz_model *m;
@@ -227,8 +486,73 @@ int main(int argc, char **argv)
     const kvz_tokenizer *tok = kvz_model_tokenizer(m);
     uint8_t fp[16];
     kvz_model_fingerprint(m, fp);
+
+    /* 3. tokenize: part counts, then every stored id (parts included) checked for
+     *    length and uniqueness before the model scores anything */
+    int32_t max_part = kvz_ingest_max_part_tokens(m);
+    if (part_tokens > 0 && part_tokens < max_part) max_part = (int32_t)part_tokens;
+    kvz_tokens *toks = calloc(docs.n, sizeof *toks);
+    if (!toks) oom();
+    int64_t total = 0;
+    size_t n_ids = 0;
+    for (size_t i = 0; i < docs.n; i++) {
+        doc_item *d = &docs.v[i];
+        if (!d->usable) continue;
+        rc = kvz_tokenizer_encode(tok, d->text, d->len, 0, &toks[i]);
+        free(d->text);
+        d->text = NULL;
+        if (rc) {
+            cli_error(rc, "cannot tokenize %s", d->path);
+            d->usable = 0;
+            failed++;
+            continue;
+        }
+        d->n_parts = kvz_ingest_n_parts((int32_t)toks[i].n, max_part);
+        char last[KVZ_STORE_DOC_ID_MAX + 1];
+        if (d->n_parts < 1) {
+            rc = kvz_error_set(KVZ_ERR_EMPTY, "%s has no tokens", d->path);
+        } else if ((rc = kvz_ingest_part_id(d->id, d->n_parts, d->n_parts, last)) == 0) {
+            n_ids += (size_t)d->n_parts;
+            total += (int64_t)toks[i].n * 2;
+            continue;
+        }
+        cli_error(rc, "%s", d->path);
+        d->usable = 0;
+        failed++;
+    }
+    {
+        id_ref *r = xrealloc(NULL, (n_ids + 1) * sizeof *r);
+        size_t nr = 0;
+        for (size_t i = 0; i < docs.n; i++) {
+            const doc_item *d = &docs.v[i];
+            if (!d->usable) continue;
+            for (int32_t p = 1; p <= d->n_parts; p++) {
+                char id[KVZ_STORE_DOC_ID_MAX + 1];
+                kvz_ingest_part_id(d->id, p, d->n_parts, id);
+                r[nr] = (id_ref){NULL, strdup(id), i, p, d->n_parts};
+                if (!r[nr].own) oom();
+                r[nr].id = r[nr].own;
+                nr++;
+            }
+        }
+        int bad = id_collisions(&docs, r, nr);
+        for (size_t k = 0; k < nr; k++) free(r[k].own);
+        free(r);
+        if (bad) {
+            for (size_t i = 0; i < docs.n; i++) kvz_tokens_free(&toks[i]);
+            free(toks);
+            free_docs(&docs);
+            free(inputs);
+            kvz_model_free(m);
+            return EXIT_FAIL;
+        }
+    }
+
     const char *store_path = cli_store_path(store_flag);
-    kvz_store *st;
+    kvz_store *st = NULL;
+    int any = 0;
+    for (size_t i = 0; i < docs.n; i++) any |= docs.v[i].usable;
+    if (!any) goto summary_free; /* nothing left to store: no store is created */
     const uint64_t map0 = max_map && (uint64_t)max_map < KVZ_STORE_DEFAULT_MAP ? (uint64_t)max_map : 0;
     if ((rc = kvz_store_open(store_path, KVZ_STORE_CREATE, map0, fp, &st))) {
         cli_error(rc, "cannot open store %s", store_path);
@@ -236,123 +560,59 @@ int main(int argc, char **argv)
     }
     if (max_map) kvz_store_set_max_map(st, (uint64_t)max_map);
 
-    /* read + tokenize everything first: totals for the progress bar */
-    kvz_tokens *toks = calloc(docs.n, sizeof *toks);
-    int *ok = calloc(docs.n, sizeof *ok);
-    int64_t total = 0;
-    for (size_t i = 0; i < docs.n; i++) {
-        char *text;
-        size_t len;
-        rc = cli_read_text(docs.v[i].path, (size_t)256 << 20, &text, &len);
-        if ((rc == KVZ_ERR_ENCODING || rc == KVZ_ERR_EMPTY) && !docs.v[i].named) {
-            fprintf(stderr, "kvzip-ingest: warning: skipping %s: %s\n", docs.v[i].path, kvz_error_detail());
-            kvz_error_clear();
-            docs.skipped++;
-            continue;
-        }
-        if (rc) {
-            cli_error(rc, "cannot read %s", docs.v[i].path);
-            failed++;
-            continue;
-        }
-        rc = kvz_tokenizer_encode(tok, text, len, 0, &toks[i]);
-        free(text);
-        if (rc) {
-            cli_error(rc, "cannot tokenize %s", docs.v[i].path);
-            failed++;
-            continue;
-        }
-        ok[i] = 1;
-        total += (int64_t)toks[i].n * 2;
-    }
-
-    int32_t max_part = kvz_ingest_max_part_tokens(m);
-    if (part_tokens > 0 && part_tokens < max_part) max_part = (int32_t)part_tokens;
+    /* 4. score, evict, store: kvz_ingest_document owns the ID#N part policy */
     progress pr = {.tty = isatty(2), .quiet = quiet || json, .total = total, .t0 = kvz_now()};
-    int n_written = 0, n_unchanged = 0, n_parts = 0;
-    int64_t tokens_done = 0, pairs_total = 0, pairs_kept = 0;
-    uint64_t b_full = 0, b_kept = 0, b_stored = 0;
+    run_state rs = {.pr = &pr, .quiet = quiet || json};
     const double t_start = kvz_now();
     for (size_t i = 0; i < docs.n; i++) {
-        if (!ok[i]) continue;
-        const int32_t n = (int32_t)toks[i].n;
-        const int32_t parts = (n + max_part - 1) / max_part;
-        int doc_failed = 0;
-        for (int32_t p = 0; p < parts && !doc_failed; p++) {
-            /* near-equal parts */
-            const int32_t s0 = (int32_t)((int64_t)n * p / parts), s1 = (int32_t)((int64_t)n * (p + 1) / parts);
-            char id[4096];
-            if (parts > 1) snprintf(id, sizeof id, "%s#%d", docs.v[i].id, p + 1);
-            else snprintf(id, sizeof id, "%s", docs.v[i].id);
-            kvz_ingest_result r;
-            pr.name = id;
-            pr.base = tokens_done;
-            o.progress = on_progress;
-            o.progress_ctx = &pr;
-            rc = kvz_ingest_doc(m, st, id, docs.v[i].path, toks[i].ids + s0, s1 - s0, &o, &r);
-            tokens_done += 2 * (int64_t)(s1 - s0);
-            if (pr.tty && !pr.quiet) fprintf(stderr, "\r\033[K");
-            if (rc) {
-                cli_error(rc, "%s", id);
-                doc_failed = 1;
-                if (rc == KVZ_ERR_FULL || rc == KVZ_ERR_MODEL || rc == KVZ_ERR_LMDB) {
-                    failed++;
-                    goto summary; /* the store cannot take more: stop */
-                }
-                break;
-            }
-            n_parts++;
-            if (r.status == KVZ_STORE_UNCHANGED) n_unchanged++;
-            else n_written++;
-            pairs_total += r.pairs_total;
-            pairs_kept += r.pairs_kept;
-            b_full += r.bytes_full;
-            b_kept += r.bytes_kept;
-            b_stored += r.bytes_stored;
-            if (!quiet && !json)
-                fprintf(stderr, "%-10s %s  %d tokens  %.1f s\n",
-                        r.status == KVZ_STORE_UNCHANGED ? "unchanged" :
-                        r.status == KVZ_STORE_WRITTEN ? "ingested" : "linked",
-                        id, r.n_ctx, r.seconds);
-        }
-        if (doc_failed) { failed++; continue; }
-        /* parts left over from an older, longer version of this document */
-        char id[4096];
-        kvz_store_doc_info old;
-        if (parts > 1 && kvz_store_lookup(st, docs.v[i].id, &old) == 0) kvz_store_delete_doc(st, docs.v[i].id);
-        for (int32_t p = parts > 1 ? parts + 1 : 1;; p++) {
-            snprintf(id, sizeof id, "%s#%d", docs.v[i].id, p);
-            if (kvz_store_lookup(st, id, &old) != 0 || kvz_store_delete_doc(st, id) != 0) break;
+        doc_item *d = &docs.v[i];
+        if (!d->usable) continue;
+        char name[64];
+        snprintf(name, sizeof name, "%s", cli_escape(d->id));
+        pr.name = name;
+        pr.base = rs.tokens_done;
+        o.progress = on_progress;
+        o.progress_ctx = &pr;
+        rs.part_failed = 0;
+        rc = kvz_ingest_document(m, st, d->id, d->path, toks[i].ids, (int32_t)toks[i].n, max_part,
+                                 &o, on_part, &rs);
+        if (rc) {
+            if (!rs.part_failed) cli_error(rc, "%s", d->id);
+            failed++;
+            if (rc == KVZ_ERR_FULL || rc == KVZ_ERR_MODEL || rc == KVZ_ERR_LMDB || rc == KVZ_ERR_BUSY)
+                break; /* the store cannot take more: stop */
         }
     }
-summary:;
     const double secs = kvz_now() - t_start;
     if (json) {
         printf("{\"store\": ");
         cli_json_str(stdout, store_path, strlen(store_path));
         printf(", \"documents\": %zu, \"parts\": %d, \"ingested\": %d, \"unchanged\": %d, "
-               "\"failed\": %d, \"skipped\": %d, \"tokens\": %lld, \"ratio\": %.4f, "
+               "\"linked\": %d, \"failed\": %d, \"skipped\": %d, \"tokens\": %lld, "
+               "\"tokens_ingested\": %lld, \"ratio\": %.4f, "
                "\"pairs_total\": %lld, \"pairs_kept\": %lld, \"bytes_kv_full\": %llu, "
                "\"bytes_kv_kept\": %llu, \"bytes_stored\": %llu, \"seconds\": %.3f}\n",
-               docs.n, n_parts, n_written, n_unchanged, failed, docs.skipped,
-               (long long)(tokens_done / 2), o.kp.ratio, (long long)pairs_total,
-               (long long)pairs_kept, (unsigned long long)b_full, (unsigned long long)b_kept,
-               (unsigned long long)b_stored, secs);
+               docs.n, rs.n_parts, rs.n_written, rs.n_unchanged, rs.n_linked, failed, docs.skipped,
+               (long long)(rs.tokens_done / 2), (long long)rs.tokens_written, o.kp.ratio,
+               (long long)rs.pairs_total, (long long)rs.pairs_kept, (unsigned long long)rs.b_full,
+               (unsigned long long)rs.b_kept, (unsigned long long)rs.b_stored, secs);
     } else if (!quiet) {
-        fprintf(stderr, "kvzip-ingest: %d ingested, %d unchanged, %d failed, %d skipped | %lld tokens "
-                "in %.1f s | KV full %.2f MB, kept %.2f MB (%.3fx), stored %.2f MB (zstd %.2fx)\n",
-                n_written, n_unchanged, failed, docs.skipped, (long long)(tokens_done / 2), secs,
-                b_full / 1e6, b_kept / 1e6, b_full ? (double)b_kept / b_full : 0, b_stored / 1e6,
-                b_stored ? (double)b_kept / b_stored : 0);
+        char kv[256] = "";
+        if (rs.n_written && rs.b_full && rs.b_stored && rs.pairs_total)
+            snprintf(kv, sizeof kv, " | ingested KV: full %.2f MB, kept %.2f MB (%.0f%% of the "
+                     "context pairs, %.0f%% of the bytes with the prefix), stored %.2f MB (zstd "
+                     "%.2fx)", rs.b_full / 1e6, rs.b_kept / 1e6,
+                     100.0 * (double)rs.pairs_kept / (double)rs.pairs_total,
+                     100.0 * (double)rs.b_kept / (double)rs.b_full, rs.b_stored / 1e6,
+                     (double)rs.b_kept / (double)rs.b_stored);
+        fprintf(stderr, "kvzip-ingest: %d ingested, %d linked, %d unchanged, %d failed, %d skipped "
+                "| %lld tokens in %.1f s%s\n", rs.n_written, rs.n_linked, rs.n_unchanged, failed,
+                docs.skipped, (long long)(rs.tokens_done / 2), secs, kv);
     }
-    for (size_t i = 0; i < docs.n; i++) {
-        kvz_tokens_free(&toks[i]);
-        free(docs.v[i].path);
-        free(docs.v[i].id);
-    }
-    free(docs.v);
+summary_free:
+    for (size_t i = 0; i < docs.n; i++) kvz_tokens_free(&toks[i]);
+    free_docs(&docs);
     free(toks);
-    free(ok);
     free(inputs);
     kvz_store_close(st);
     kvz_model_free(m);

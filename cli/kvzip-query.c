@@ -14,14 +14,23 @@
 static void usage(void)
 {
     printf(
-        "usage: kvzip-query (--doc ID | --text FILE) [options] QUESTION [QUESTION ...]\n"
+        "usage: kvzip-query (--doc ID [--doc ID ...] | --text FILE) [options] [--] QUESTION ...\n"
         "\n"
         "Answers each QUESTION about a document. The document's KV cache is built once\n"
         "and every question is answered against that same cache.\n"
         "\n"
         "Document:\n"
         "  --doc ID           load document ID's compressed cache from the store\n"
-        "                     (see kvzip-ingest; list ids with kvzip-store ls)\n"
+        "                     (see kvzip-ingest; list ids with kvzip-store ls). A document\n"
+        "                     stored in parts (ID#1, ID#2, ...) means all parts in order;\n"
+        "                     ID#N is one part. Give --doc several times to ask over several\n"
+        "                     documents composed into one context (system prefix once).\n"
+        "  --placement P      several documents or parts: sequential (each after the one\n"
+        "                     before, keys re-rotated), parallel (each at its own positions\n"
+        "                     after the prefix) or auto (default: sequential when the total\n"
+        "                     fits the model's context, else parallel); docs/MULTIDOC.md\n"
+        "  --key-scale S      experimental: multiply composed document keys by S (an APE-style\n"
+        "                     attention temperature; default 1 = off)\n"
         "  --store DIR        store folder (default: $KVZ_STORE or ./%s)\n"
         "  --text FILE        instead: prefill FILE (UTF-8 text) into a full, uncompressed cache\n"
         "\n"
@@ -48,6 +57,7 @@ static void usage(void)
         "                     every --stats figure (KV held, output-buffer slots, evictions, load time)\n"
         "  --stats            timings and KV-cache figures on stderr\n"
         "  -h, --help         this text\n"
+        "  --                 end of options: every later argument is a QUESTION\n"
         "\n"
         "Exit status: 0 ok, 2 usage, 3 bad input document or too long, 4 model problem,\n"
         "5 store problem (corrupt blob, other model), 6 document or file not found,\n"
@@ -101,18 +111,37 @@ int main(int argc, char **argv)
 {
     cli_init("kvzip-query", argv);
     const char *text_path = NULL, *model_flag = NULL, *synth_flag = NULL, *doc_id = NULL, *store_flag = NULL;
+    const char **docs = calloc((size_t)argc, sizeof *docs);
+    int ndocs = 0, placement_given = 0;
+    kvzip_docs_opts dopts;
+    kvzip_docs_defaults(&dopts);
     kvzip_session_opts so;
     kvzip_session_defaults(&so);
     long threads = 0;
-    int json = 0, stats = 0;
+    int json = 0, stats = 0, ended = 0;
     int32_t device = KVZIP_DEVICE_AUTO;
     const char **questions = calloc((size_t)argc, sizeof *questions);
     int nq = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        const int kind = cli_arg_kind(a, &ended); /* "--" ends the options */
+        if (kind < 0) continue;
+        if (kind == 0) { questions[nq++] = a; continue; }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         else if (!strcmp(a, "--text")) text_path = cli_value(argc, argv, &i);
-        else if (!strcmp(a, "--doc")) doc_id = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--doc")) doc_id = docs[ndocs++] = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--placement")) {
+            const char *p = cli_value(argc, argv, &i);
+            placement_given = 1;
+            if (!strcmp(p, "auto")) dopts.placement = KVZIP_PLACE_AUTO;
+            else if (!strcmp(p, "sequential")) dopts.placement = KVZIP_PLACE_SEQUENTIAL;
+            else if (!strcmp(p, "parallel")) dopts.placement = KVZIP_PLACE_PARALLEL;
+            else cli_usage_error("--placement must be sequential, parallel or auto, not '%s'", p);
+        }
+        else if (!strcmp(a, "--key-scale")) {
+            dopts.key_scale = (float)cli_parse_double(a, cli_value(argc, argv, &i), 0.01, 100);
+            placement_given = 1;
+        }
         else if (!strcmp(a, "--store")) store_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--budget")) so.budget = (int32_t)cli_parse_long(a, cli_value(argc, argv, &i), 0, 1 << 20);
         else if (!strcmp(a, "--model")) model_flag = cli_value(argc, argv, &i);
@@ -129,6 +158,7 @@ int main(int argc, char **argv)
         else questions[nq++] = a;
     }
     if (!text_path == !doc_id) cli_usage_error("give the document with --doc ID or --text FILE");
+    if (placement_given && !doc_id) cli_usage_error("--placement and --key-scale need --doc");
     if (nq == 0) cli_usage_error("no question given");
     for (int i = 0; i < nq; i++)
         if (!questions[i][0]) cli_usage_error("question %d is empty", i + 1);
@@ -182,24 +212,31 @@ int main(int argc, char **argv)
             cli_error(rc, "cannot open store %s", sp);
             return cli_store_exit(rc);
         }
-        if ((rc = kvzip_session_open(m, st, doc_id, &so, &ss))) {
-            char part[600];
-            snprintf(part, sizeof part, "%s#1", doc_id);
-            if (rc != KVZIP_ERR_NOTFOUND) {
-                cli_error(rc, "cannot load document '%s'", doc_id);
-            } else if (kvzip_store_has_doc(st, part) == 1) {
-                kvz_error_clear();
-                fprintf(stderr, "kvzip-query: error: document '%s' was stored in parts: query "
-                        "'%s#1', '%s#2', ... (kvzip-store ls lists them)\n", doc_id, doc_id, doc_id);
-            } else {
-                kvz_error_clear();
-                fprintf(stderr, "kvzip-query: error: no document '%s' in the store (kvzip-store ls "
-                        "lists them)\n", doc_id);
-            }
+        /* one whole document: the plain session; several, or a split one: composed */
+        int composed = ndocs > 1 || placement_given;
+        if (!composed && (rc = kvzip_session_open(m, st, doc_id, &so, &ss)) == KVZIP_ERR_NOTFOUND)
+            composed = 1;
+        if (composed && (rc = kvzip_session_open_docs(m, st, docs, ndocs, &so, &dopts, &ss))) {
+            if (rc == KVZIP_ERR_NOTFOUND)
+                cli_error(rc, "cannot load the document (kvzip-store ls lists the ids)");
+            else
+                cli_error(rc, ndocs > 1 ? "cannot compose the documents" : "cannot load document '%s'", doc_id);
+            return rc == KVZIP_ERR_ARG ? EXIT_USAGE : rc == KVZIP_ERR_CONTEXT ? EXIT_INPUT : cli_store_exit(rc);
+        }
+        if (rc) {
+            cli_error(rc, "cannot load document '%s'", doc_id);
             return cli_store_exit(rc);
         }
         kvzip_session_info_get(ss, &si);
-        if (stats)
+        kvzip_docs_info di;
+        kvzip_session_docs_info(ss, &di);
+        if (stats && composed)
+            fprintf(stderr, "kvzip-query: %d documents composed (%s): span %lld tokens, questions at "
+                    "position %d, ratio >= %.2f, %llu of %llu KV rows kept, loaded in %.3f s\n", di.n_docs,
+                    di.placement == KVZIP_PLACE_PARALLEL ? "parallel" : "sequential", (long long)di.span,
+                    si.doc_tokens, si.ratio, (unsigned long long)si.rows_kept,
+                    (unsigned long long)si.rows_full, si.load_s);
+        else if (stats)
             fprintf(stderr, "kvzip-query: document '%s': %d tokens, ratio %.2f, %llu of %llu KV rows "
                     "kept, loaded in %.3f s\n", doc_id, si.doc_tokens, si.ratio,
                     (unsigned long long)si.rows_kept, (unsigned long long)si.rows_full, si.load_s);
@@ -248,5 +285,6 @@ int main(int argc, char **argv)
     kvzip_model_close(m);
     free(doc);
     free(questions);
+    free(docs);
     return rc ? cli_exit_code(rc) : 0;
 }

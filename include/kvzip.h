@@ -374,6 +374,55 @@ typedef struct kvzip_answer_stats {
 int kvzip_ask(kvzip_session *ss, const char *question, kvzip_token_fn cb, void *user,
               char **answer, kvzip_answer_stats *st);
 
+/* ------------------------------------------------------------------------- */
+/* Multi-document sessions: several stored caches composed into one context     */
+
+/** Where the composed documents' positions go (docs/MULTIDOC.md). */
+enum {
+    KVZIP_PLACE_AUTO = 0,       /**< sequential when the span fits the model's context, else parallel */
+    KVZIP_PLACE_SEQUENTIAL = 1, /**< document i after document i-1; keys re-rotated by the offset */
+    KVZIP_PLACE_PARALLEL = 2,   /**< every document at its ingest positions, right after the prefix */
+};
+
+typedef struct kvzip_docs_opts {
+    int32_t placement;   /**< KVZIP_PLACE_* (default AUTO) */
+    float key_scale;     /**< multiplies document keys (an APE-style attention temperature
+                              1/key_scale on document tokens); 0 or 1 = off (default) */
+} kvzip_docs_opts;
+
+void kvzip_docs_defaults(kvzip_docs_opts *o);
+
+/**
+ * Open a session on several stored documents composed into one context, in the
+ * order given. An id stored in parts ("ID#1", "ID#2", ...) means all of its parts
+ * in order; "ID#N" names one part. The system prefix appears once (every document
+ * must have been ingested with the same one). Auto placement is sequential when
+ * prefix + all documents + max_question_tokens + max_tokens fit the model's trained
+ * context (kvzip_model_info.n_ctx), else parallel. kvzip_session_info then describes
+ * the composition: doc_tokens = where questions start, ratio = the lowest ratio.
+ * @param dopts  NULL = kvzip_docs_defaults().
+ * @return 0; KVZIP_ERR_ARG (NULL, n < 1 or > 256 documents after expansion, an empty
+ *   id, a document named twice — also once as ID and once as ID#N — unknown
+ *   placement); KVZIP_ERR_NOTFOUND (an unknown id); KVZIP_ERR_FORMAT (documents
+ *   stored with different system prefixes); KVZIP_ERR_CONTEXT (positions past the
+ *   format's limit); KVZIP_ERR_NOMEM (the composed rows do not fit in memory);
+ *   and kvzip_session_open's errors. Every error's detail names the document.
+ */
+int kvzip_session_open_docs(kvzip_model *m, kvzip_store *s, const char *const *doc_ids, int32_t n,
+                            const kvzip_session_opts *opts, const kvzip_docs_opts *dopts,
+                            kvzip_session **out);
+
+/** What a multi-document session composed. */
+typedef struct kvzip_docs_info {
+    int32_t n_docs;      /**< documents after expanding split ids (1 for other sessions) */
+    int32_t placement;   /**< KVZIP_PLACE_SEQUENTIAL or KVZIP_PLACE_PARALLEL (0 for other sessions) */
+    int64_t span;        /**< prefix + every document's tokens: the sequential span */
+    int32_t max_doc_tokens; /**< the longest document's context tokens */
+} kvzip_docs_info;
+
+/** @return 0; KVZIP_ERR_ARG. */
+int kvzip_session_docs_info(const kvzip_session *ss, kvzip_docs_info *out);
+
 #ifdef __cplusplus
 }
 #endif

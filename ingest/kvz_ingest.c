@@ -123,6 +123,7 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
     info.n_tokens = all.n;
     info.ratio = o->kp.ratio;
     info.mode = bm.mode;
+    info.part = o->part;
     info.bytes_kv_full = res->bytes_full;
 
     /* already stored (this id or another): link without model work */

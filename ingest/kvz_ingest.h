@@ -24,6 +24,9 @@ typedef struct kvz_ingest_opts {
     int zstd_level;        /**< 0 = KVZ_BLOB_DEFAULT_LEVEL */
     kvz_progress_fn progress; /**< tokens through the model for this document */
     void *progress_ctx;
+    uint32_t part;         /**< recorded in the doc entry (kvz_store_doc_info.part): N when
+                                storing part N of a split document (kvz_ingest_document sets
+                                it), 0 for a whole document (default) */
 } kvz_ingest_opts;
 
 void kvz_ingest_defaults(kvz_ingest_opts *o);

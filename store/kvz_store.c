@@ -117,6 +117,9 @@ static size_t info_encode(const kvz_store_doc_info *in, uint8_t *b)
     b[3] = (uint8_t)(S >> 8);
     memcpy(b + 4, in->hash, 16);
     b[20] = in->mode;
+    b[21] = (uint8_t)in->part; /* part number, u24 LE: bytes 21..23 were reserved 0 */
+    b[22] = (uint8_t)(in->part >> 8);
+    b[23] = (uint8_t)(in->part >> 16);
     memcpy(b + 24, &in->ratio, 4);
     put32(b + 28, in->n_records);
     put64(b + 32, in->n_tokens);
@@ -142,6 +145,7 @@ static int info_decode(const MDB_val *v, kvz_store_doc_info *out)
     memset(out, 0, sizeof *out);
     memcpy(out->hash, b + 4, 16);
     out->mode = b[20];
+    out->part = b[21] | (uint32_t)b[22] << 8 | (uint32_t)b[23] << 16;
     memcpy(&out->ratio, b + 24, 4);
     out->n_records = get32(b + 28);
     out->n_tokens = get64(b + 32);
@@ -499,7 +503,7 @@ static int put_body(kvz_store *s, MDB_txn *txn, void *vctx)
     memcpy(ni.hash, c->hash, 16);
     if (!ni.ingest_time) ni.ingest_time = (int64_t)time(NULL);
     if (have_old && !memcmp(old.hash, c->hash, 16)) {
-        if (!strncmp(old.source_path, ni.source_path, KVZ_STORE_SOURCE_MAX)) {
+        if (!strncmp(old.source_path, ni.source_path, KVZ_STORE_SOURCE_MAX) && old.part == ni.part) {
             c->status = KVZ_STORE_UNCHANGED;
             return NOOP_INTERNAL;
         }
@@ -561,6 +565,9 @@ int kvz_store_put_doc(kvz_store *s, const char *doc_id, const uint8_t hash[16],
     if ((err = check_doc_id(doc_id, &id_len))) return err;
     if (!memchr(info->source_path, 0, KVZ_STORE_SOURCE_MAX))
         return kvz_error_set(KVZ_ERR_ARG, "kvz_store: source path not NUL-terminated");
+    if (info->part > KVZ_STORE_PART_MAX)
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_store: part number %u over %u", info->part,
+                             KVZ_STORE_PART_MAX);
     put_ctx c = {doc_id, id_len, hash, info, meta, layers, n_layers, NULL, 0, 0};
     kvz_blob_meta m = {0};
     if (meta) {

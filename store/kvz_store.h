@@ -65,9 +65,11 @@ enum {
 enum {
     KVZ_STORE_WRITTEN = 1,   /**< new records written, name points at them */
     KVZ_STORE_LINKED = 2,    /**< records of that hash already stored: only the name changed */
-    KVZ_STORE_UNCHANGED = 3, /**< name already pointed at that hash with the same source path:
+    KVZ_STORE_UNCHANGED = 3, /**< name already pointed at that hash with the same source path
+                                  and part number:
                                   nothing written (no transaction committed) */
-    KVZ_STORE_INFO_UPDATED = 4, /**< same hash, other source path: only the doc info rewritten */
+    KVZ_STORE_INFO_UPDATED = 4, /**< same hash, other source path or part number: only the doc
+                                     info rewritten */
 };
 
 typedef struct kvz_store kvz_store;           /**< opaque store handle */
@@ -85,7 +87,13 @@ typedef struct kvz_store_doc_info {
     uint64_t bytes_kv_full; /**< uncompressed bytes of the full cache (caller's figure) */
     uint64_t bytes_kv_kept; /**< uncompressed bytes of the kept pairs (caller's figure) */
     int64_t ingest_time;    /**< unix seconds; 0 on input = now */
+    uint32_t part;          /**< N (1..KVZ_STORE_PART_MAX) when this entry is part N of a split
+                                 document: its id is the parent's id + "#N" (kvz_ingest_document);
+                                 0 for a whole document, and in entries written before parts
+                                 were recorded */
 } kvz_store_doc_info;
+
+#define KVZ_STORE_PART_MAX 0xFFFFFFu      /**< largest part number a doc entry can record */
 
 /** One record to store: bytes from kvz_blob_encode_*(). Read only; not retained. */
 typedef struct kvz_store_rec {

@@ -14,10 +14,20 @@ ok grep -q '"parts": 3' "$tmp/a.json"
 for p in 1 2 3; do
   ok "$bin/kvzip-query" --store "$tmp/st" --doc "lab_b214_safety_sop.md#$p" --max-tokens 4 "What is this part about?" > /dev/null
 done
-# the whole id is not stored: a clear hint and exit 6
-"$bin/kvzip-query" --store "$tmp/st" --doc lab_b214_safety_sop.md "q" 2> "$tmp/err"
+# the whole id means all of its parts in order, composed into one context (issue 14)
+ok "$bin/kvzip-query" --store "$tmp/st" --doc lab_b214_safety_sop.md --stats --max-tokens 2 "q" > /dev/null 2> "$tmp/err"
+ok grep -q "3 documents composed (sequential)" "$tmp/err"
+# several --doc; a part named twice (once through its parent) and an unknown id name the document
+ok "$bin/kvzip-query" --store "$tmp/st" --doc "lab_b214_safety_sop.md#3" --doc "lab_b214_safety_sop.md#1" \
+  --placement parallel --stats --max-tokens 2 "q" > /dev/null 2> "$tmp/err"
+ok grep -q "2 documents composed (parallel)" "$tmp/err"
+"$bin/kvzip-query" --store "$tmp/st" --doc lab_b214_safety_sop.md --doc "lab_b214_safety_sop.md#2" "q" 2> "$tmp/err"
+ok test $? -eq 2
+ok grep -q "document 'lab_b214_safety_sop.md#2' is named twice" "$tmp/err"
+ok test "$(wc -l < "$tmp/err")" -eq 1
+"$bin/kvzip-query" --store "$tmp/st" --doc lab_b214_safety_sop.md --doc nope.md "q" 2> "$tmp/err"
 ok test $? -eq 6
-ok grep -q "stored in parts" "$tmp/err"
+ok grep -q "no document 'nope.md'" "$tmp/err"
 ok test "$(wc -l < "$tmp/err")" -eq 1
 # now one part: stale #1..#3 are removed, the plain id exists
 "$bin/kvzip-ingest" --quiet --store "$tmp/st" "$doc"

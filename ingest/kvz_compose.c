@@ -1,0 +1,290 @@
+/* Several stored caches composed into one KV cache (see kvz_compose.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvz_compose.h"
+#include "kvz_error.h"
+#include "kvz_generate.h"
+#include "kvz_quant.h"
+#include "kvz_rope_shift.h"
+
+void kvz_compose_defaults(kvz_compose_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->placement = KVZ_PLACE_AUTO;
+}
+
+void kvz_compose_names_free(char **names, int32_t n)
+{
+    if (!names) return;
+    for (int32_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+}
+
+/* Prefix the current error detail with the document it concerns. */
+static int doc_err(int rc, const char *id)
+{
+    char d[512];
+    snprintf(d, sizeof d, "%s", kvz_error_detail());
+    if (d[0]) return kvz_error_set(rc, "document '%s': %s", id, d);
+    return kvz_error_set(rc, "document '%s': %s", id, kvz_strerror(rc));
+}
+
+static int add_name(char ***v, int32_t *n, const char *id)
+{
+    if (*n >= KVZ_COMPOSE_MAX_DOCS)
+        return kvz_error_set(KVZ_ERR_ARG, "more than %d documents in one composition", KVZ_COMPOSE_MAX_DOCS);
+    for (int32_t i = 0; i < *n; i++)
+        if (!strcmp((*v)[i], id)) return kvz_error_set(KVZ_ERR_ARG, "document '%s' is named twice", id);
+    char *s = strdup(id);
+    char **nv = s ? realloc(*v, sizeof *nv * (size_t)(*n + 1)) : NULL;
+    if (!nv) {
+        free(s);
+        return KVZ_ERR_NOMEM;
+    }
+    nv[(*n)++] = s;
+    *v = nv;
+    return 0;
+}
+
+/* @p id itself, or all of its parts id#1..id#n in order. */
+static int expand(kvz_store_read *r, const char *id, char ***v, int32_t *n)
+{
+    kvz_store_doc_info info;
+    if (!id || !id[0]) return kvz_error_set(KVZ_ERR_ARG, "an empty document id");
+    int rc = kvz_store_read_doc(r, id, &info);
+    if (rc != KVZ_ERR_NOTFOUND) return rc ? doc_err(rc, id) : add_name(v, n, id);
+    char pid[KVZ_STORE_DOC_ID_MAX + 16];
+    uint32_t p = 1;
+    for (; p <= KVZ_STORE_PART_MAX; p++) {
+        if ((size_t)snprintf(pid, sizeof pid, "%s#%u", id, p) > KVZ_STORE_DOC_ID_MAX) break;
+        rc = kvz_store_read_doc(r, pid, &info);
+        if (rc == KVZ_ERR_NOTFOUND) break;
+        if (rc) return doc_err(rc, pid);
+        if (info.part != 0 && info.part != p) break; /* another document's entry */
+        if ((rc = add_name(v, n, pid))) return rc;
+    }
+    if (p == 1) return kvz_error_set(KVZ_ERR_NOTFOUND, "no document '%s' in the store", id);
+    return 0;
+}
+
+static void to_f32(uint8_t dtype, const uint8_t *src, float *dst, size_t n)
+{
+    if (dtype == KVZ_DTYPE_F32) {
+        memcpy(dst, src, n * sizeof(float));
+    } else if (dtype == KVZ_DTYPE_F16) {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            dst[i] = kvz_fp16_to_fp32(h);
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            dst[i] = kvz_bf16_to_fp32(h);
+        }
+    }
+}
+
+int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n,
+                  const kvz_compose_opts *o, int64_t extra_rows, int32_t out_slots, kvz_kv **out,
+                  kvz_compose_meta *meta, char ***names)
+{
+    const kvz_config *c = kvz_model_config(m);
+    kvz_compose_opts dflt;
+    if (!o) {
+        kvz_compose_defaults(&dflt);
+        o = &dflt;
+    }
+    *out = NULL;
+    if (names) *names = NULL;
+    memset(meta, 0, sizeof *meta);
+    if (n < 1 || !ids) return kvz_error_set(KVZ_ERR_ARG, "no document to compose");
+    if (o->placement < KVZ_PLACE_AUTO || o->placement > KVZ_PLACE_PARALLEL)
+        return kvz_error_set(KVZ_ERR_ARG, "placement %d unknown", o->placement);
+    const double t0 = kvz_now();
+    uint8_t fp[16];
+    kvz_model_fingerprint(m, fp);
+    kvz_store_read *r;
+    int rc = kvz_store_read_begin(st, &r);
+    if (rc) return rc;
+    char **v = NULL;
+    int32_t nd = 0;
+    kvz_blob_meta *bm = NULL;
+    kvz_store_doc_info *info = NULL;
+    int64_t *delta = NULL;
+    uint32_t *total = NULL, *skip = NULL, *pos = NULL;
+    uint8_t *kb = NULL, *vb = NULL;
+    float *kf = NULL, *vf = NULL;
+    int32_t *pf = NULL;
+    kvz_kv *kv = NULL;
+    for (int32_t i = 0; i < n && !rc; i++) rc = expand(r, ids[i], &v, &nd);
+    if (rc) goto out;
+    const size_t nlh = (size_t)c->n_layer * (size_t)c->n_kv_head, hd = (size_t)c->head_dim;
+    bm = calloc((size_t)nd, sizeof *bm);
+    info = calloc((size_t)nd, sizeof *info);
+    delta = calloc((size_t)nd, sizeof *delta);
+    skip = calloc((size_t)nd, sizeof *skip);
+    total = calloc(nlh, sizeof *total);
+    if (!bm || !info || !delta || !skip || !total) {
+        rc = KVZ_ERR_NOMEM;
+        goto out;
+    }
+    int64_t sum_ctx = 0;
+    meta->ratio_min = 1.0f;
+    for (int32_t d = 0; d < nd; d++) {
+        const uint8_t *rec;
+        size_t len;
+        if ((rc = kvz_store_read_doc(r, v[d], &info[d])) ||
+            (rc = kvz_store_read_meta(r, info[d].hash, &rec, &len)) ||
+            (rc = kvz_blob_decode_meta(rec, len, fp, &bm[d]))) {
+            rc = doc_err(rc, v[d]);
+            goto out;
+        }
+        if (bm[d].n_layer != (uint32_t)c->n_layer || bm[d].n_kv_head != (uint32_t)c->n_kv_head ||
+            bm[d].head_dim != (uint32_t)c->head_dim || bm[d].n_head != (uint32_t)c->n_head) {
+            rc = kvz_error_set(KVZ_ERR_FORMAT, "document '%s': blob dims differ from the model's", v[d]);
+            goto out;
+        }
+        if (bm[d].n_prefix != bm[0].n_prefix || bm[d].prefix_policy != bm[0].prefix_policy) {
+            rc = kvz_error_set(KVZ_ERR_FORMAT, "document '%s' was stored with another system prefix "
+                               "(%u tokens) than '%s' (%u tokens): they cannot share one context",
+                               v[d], bm[d].n_prefix, v[0], bm[0].n_prefix);
+            goto out;
+        }
+        /* prefix rows come from the first document only */
+        skip[d] = d > 0 && bm[d].prefix_policy == KVZ_PREFIX_KEEP ? bm[d].n_prefix : 0;
+        delta[d] = sum_ctx;
+        sum_ctx += bm[d].n_context;
+        if ((int32_t)bm[d].n_context > meta->max_ctx) meta->max_ctx = (int32_t)bm[d].n_context;
+        if (bm[d].ratio < meta->ratio_min) meta->ratio_min = bm[d].ratio;
+        if (bm[d].ratio > meta->ratio_max) meta->ratio_max = bm[d].ratio;
+        for (size_t i = 0; i < nlh; i++) {
+            if (bm[d].counts[i] < skip[d]) {
+                rc = kvz_error_set(KVZ_ERR_FORMAT, "document '%s': a head holds fewer rows than the prefix", v[d]);
+                goto out;
+            }
+            total[i] += bm[d].counts[i] - skip[d];
+        }
+    }
+    meta->n_docs = nd;
+    meta->n_prefix = (int32_t)bm[0].n_prefix;
+    meta->span_seq = meta->n_prefix + sum_ctx;
+    if (meta->span_seq + o->reserve > KVZ_BLOB_MAX_TOKENS) {
+        rc = kvz_error_set(KVZ_ERR_CONTEXT, "%d documents span %lld positions, past the %u-position "
+                           "limit (the last is '%s')", nd, (long long)meta->span_seq, KVZ_BLOB_MAX_TOKENS, v[nd - 1]);
+        goto out;
+    }
+    int32_t place = o->placement;
+    if (place == KVZ_PLACE_AUTO)
+        place = meta->span_seq + o->reserve <= c->n_ctx ? KVZ_PLACE_SEQUENTIAL : KVZ_PLACE_PARALLEL;
+    meta->placement = place;
+    for (int32_t d = 0; d < nd; d++) {
+        if (place == KVZ_PLACE_PARALLEL) delta[d] = 0;
+        else if (d > 0) delta[d] += o->shift_bias;
+    }
+    meta->q_pos = place == KVZ_PLACE_PARALLEL ? meta->n_prefix + meta->max_ctx : (int32_t)meta->span_seq;
+    uint64_t max_head = 0, max_layer = 0, max_doc_layer = 0;
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        uint64_t lt = 0;
+        for (int32_t h = 0; h < c->n_kv_head; h++) {
+            const uint64_t t = total[(size_t)l * c->n_kv_head + h];
+            lt += t;
+            if (t > max_head) max_head = t;
+        }
+        if (lt > max_layer) max_layer = lt;
+        meta->rows += lt;
+        for (int32_t d = 0; d < nd; d++) {
+            const uint64_t k = kvz_blob_layer_kept(&bm[d], (uint32_t)l);
+            if (k > max_doc_layer) max_doc_layer = k;
+        }
+    }
+    meta->rows_full = (uint64_t)meta->span_seq * nlh;
+    if ((rc = kvz_kv_create(m, (int64_t)max_head + extra_rows, out_slots, &kv))) {
+        if (rc == KVZ_ERR_NOMEM)
+            rc = kvz_error_set(rc, "the composed cache of %d documents ('%s' .. '%s': %llu rows per "
+                               "head at most) does not fit in memory", nd, v[0], v[nd - 1],
+                               (unsigned long long)max_head);
+        goto out;
+    }
+    uint8_t esz = 4;
+    for (int32_t d = 0; d < nd; d++)
+        if (kvz_blob_dtype_size(bm[d].dtype) > esz) esz = (uint8_t)kvz_blob_dtype_size(bm[d].dtype);
+    pos = malloc(sizeof *pos * (max_doc_layer + 1));
+    kb = malloc((size_t)esz * (max_doc_layer + 1) * hd);
+    vb = malloc((size_t)esz * (max_doc_layer + 1) * hd);
+    kf = malloc(sizeof *kf * (max_layer + 1) * hd);
+    vf = malloc(sizeof *vf * (max_layer + 1) * hd);
+    pf = malloc(sizeof *pf * (max_layer + 1));
+    if (!pos || !kb || !vb || !kf || !vf || !pf) {
+        rc = kvz_error_set(KVZ_ERR_NOMEM, "the composed layer staging (%llu rows) does not fit in memory",
+                           (unsigned long long)max_layer);
+        goto out;
+    }
+    const float ks = o->key_scale > 0.0f ? o->key_scale : 1.0f;
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        const uint32_t *tl = total + (size_t)l * c->n_kv_head;
+        /* fill[h]: rows of head h placed so far; head h starts at sum of totals before it */
+        uint64_t hstart[KVZ_BLOB_MAX_HEADS], fill[KVZ_BLOB_MAX_HEADS];
+        uint64_t acc = 0;
+        for (int32_t h = 0; h < c->n_kv_head; h++) {
+            hstart[h] = acc;
+            fill[h] = 0;
+            acc += tl[h];
+        }
+        for (int32_t d = 0; d < nd; d++) {
+            const uint8_t *rec;
+            size_t len;
+            if ((rc = kvz_store_read_layer(r, info[d].hash, (uint32_t)l, &rec, &len)) ||
+                (rc = kvz_blob_decode_layer(&bm[d], (uint32_t)l, rec, len, pos, kb, vb))) {
+                rc = doc_err(rc, v[d]);
+                goto out;
+            }
+            const size_t es = kvz_blob_dtype_size(bm[d].dtype);
+            uint64_t src = 0;
+            for (int32_t h = 0; h < c->n_kv_head; h++) {
+                const uint32_t cnt = bm[d].counts[(size_t)l * c->n_kv_head + h];
+                const uint64_t s0 = src + skip[d], nr = cnt - skip[d];
+                const uint64_t dst = hstart[h] + fill[h];
+                to_f32(bm[d].dtype, kb + s0 * hd * es, kf + dst * hd, nr * hd);
+                to_f32(bm[d].dtype, vb + s0 * hd * es, vf + dst * hd, nr * hd);
+                /* the prefix rows (positions < n_prefix, first in each head) stay put */
+                uint64_t np = 0;
+                for (uint64_t i = 0; i < nr; i++) {
+                    const uint32_t p = pos[s0 + i];
+                    if (p < bm[d].n_prefix) {
+                        pf[dst + i] = (int32_t)p;
+                        np++;
+                    } else {
+                        pf[dst + i] = (int32_t)(p + delta[d]);
+                    }
+                }
+                if (delta[d]) kvz_rope_shift(m, kf + (dst + np) * hd, (int64_t)(nr - np), (int32_t)delta[d]);
+                if (ks != 1.0f)
+                    for (uint64_t i = np * hd; i < nr * hd; i++) kf[dst * hd + i] *= ks;
+                fill[h] += nr;
+                src += cnt;
+            }
+        }
+        if ((rc = kvz_kv_set_layer(kv, l, tl, pf, kf, vf))) goto out;
+    }
+out:
+    kvz_store_read_end(r);
+    if (bm)
+        for (int32_t d = 0; d < nd; d++) kvz_blob_meta_free(&bm[d]);
+    free(bm); free(info); free(delta); free(skip); free(total);
+    free(pos); free(kb); free(vb); free(kf); free(vf); free(pf);
+    if (rc) {
+        kvz_kv_free(kv);
+        kvz_compose_names_free(v, nd);
+        meta->n_docs = 0;
+        return rc;
+    }
+    meta->load_s = kvz_now() - t0;
+    *out = kv;
+    if (names) *names = v;
+    else kvz_compose_names_free(v, nd);
+    return 0;
+}

@@ -1,0 +1,45 @@
+/* Re-rotation of stored keys by a position offset (see kvz_rope_shift.h). */
+#include <math.h>
+#include <stdlib.h>
+
+#include "kvz_model_impl.h"
+#include "kvz_rope_shift.h"
+
+#define SHIFT_MAX_HALF 512 /* head_dim/2 at most on the stack; larger falls back per row */
+
+void kvz_rope_shift_rows(float *k, int64_t n, int32_t hd, const float *inv_freq, int adjacent,
+                         int32_t delta)
+{
+    if (delta == 0 || n <= 0) return;
+    const int32_t half = hd / 2;
+    float cs[SHIFT_MAX_HALF], sn[SHIFT_MAX_HALF];
+    const int32_t nj = half < SHIFT_MAX_HALF ? half : SHIFT_MAX_HALF;
+    for (int32_t j = 0; j < nj; j++) {
+        const double a = (double)delta * (double)inv_freq[j];
+        cs[j] = (float)cos(a);
+        sn[j] = (float)sin(a);
+    }
+    for (int64_t r = 0; r < n; r++) {
+        float *x = k + r * hd;
+        for (int32_t j = 0; j < half; j++) {
+            float c, s;
+            if (j < nj) {
+                c = cs[j];
+                s = sn[j];
+            } else {
+                const double a = (double)delta * (double)inv_freq[j];
+                c = (float)cos(a);
+                s = (float)sin(a);
+            }
+            const int32_t i0 = adjacent ? 2 * j : j, i1 = adjacent ? 2 * j + 1 : j + half;
+            const float a0 = x[i0], b0 = x[i1];
+            x[i0] = a0 * c - b0 * s;
+            x[i1] = a0 * s + b0 * c;
+        }
+    }
+}
+
+void kvz_rope_shift(const kvz_model *m, float *k, int64_t n, int32_t delta)
+{
+    kvz_rope_shift_rows(k, n, m->cfg.head_dim, m->rope_inv_freq, m->cfg.rope_adjacent, delta);
+}

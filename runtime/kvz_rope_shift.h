@@ -1,0 +1,37 @@
+/**
+ * @file kvz_rope_shift.h
+ * @brief Move post-RoPE keys by a position offset (multi-document composition).
+ *
+ * RoPE rotates each frequency pair j of a key at position p by the angle p·θ_j.
+ * Rotations compose, so rotating a stored key once more by Δ·θ_j gives exactly
+ * the key the same hidden state would have at position p + Δ. Values carry no
+ * position and are unchanged. θ_j is the model's inverse frequency, including any
+ * rope scaling the GGUF carries (rope_freqs.weight), so scaled models shift right.
+ */
+#ifndef KVZ_ROPE_SHIFT_H
+#define KVZ_ROPE_SHIFT_H
+
+#include <stdint.h>
+
+#include "kvz_model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/**
+ * Rotate @p n rows of @p hd floats in place by @p delta positions.
+ * @param inv_freq  (hd/2) θ_j.
+ * @param adjacent  1: pairs (x[2j], x[2j+1]) (llama); 0: (x[j], x[j+hd/2]) (qwen2/qwen3).
+ * The angles are computed in double precision (Δ·θ_j may be large).
+ */
+void kvz_rope_shift_rows(float *k, int64_t n, int32_t hd, const float *inv_freq, int adjacent,
+                         int32_t delta);
+
+/** kvz_rope_shift_rows with model @p m's head_dim, θ_j and layout. */
+void kvz_rope_shift(const kvz_model *m, float *k, int64_t n, int32_t delta);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
