@@ -33,6 +33,9 @@ static void usage(const kvz_serve_opts *d)
         "  --max-tokens N       max_tokens when a request gives none (default %d)\n"
         "  --max-docs N         documents per request (default %d)\n"
         "  --budget B           LongFlow output-cache slots per layer (default %d; 0 = unbounded)\n"
+        "  --cache-mem BYTES    keep idle decoded sessions (one whole document + the same decoding\n"
+        "                       options) up to this many K/V bytes, least recently used out;\n"
+        "                       a re-ingested document is not reused (default %llu; 0 = none)\n"
         "  --timeout S          per-request limit in seconds, queue + generation; 504 after\n"
         "                       (default %.0f; 0 = none)\n"
         "  --api-key KEY        require \"Authorization: Bearer KEY\" on /v1/* (default: $KVZ_API_KEY,\n"
@@ -43,7 +46,7 @@ static void usage(const kvz_serve_opts *d)
         "Stops on SIGINT/SIGTERM. Exit status: 0 after a clean stop, 2 usage, 4 model problem,\n"
         "5 store problem, 6 store or model not found, 1 other errors (cannot bind).\n",
         KVZ_DEFAULT_MODEL, KVZ_DEFAULT_STORE, d->host, d->port, d->workers, d->max_queue, d->max_body,
-        d->max_tokens_limit, d->default_max_tokens, d->max_docs, d->budget, d->timeout_s);
+        d->max_tokens_limit, d->default_max_tokens, d->max_docs, d->budget, (unsigned long long)d->cache_mem, d->timeout_s);
 }
 
 int main(int argc, char **argv)
@@ -73,6 +76,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--max-tokens")) o.default_max_tokens = (int)cli_parse_long(a, cli_value(argc, argv, &i), 1, 1 << 20);
         else if (!strcmp(a, "--max-docs")) o.max_docs = (int)cli_parse_long(a, cli_value(argc, argv, &i), 1, 256);
         else if (!strcmp(a, "--budget")) o.budget = (int32_t)cli_parse_long(a, cli_value(argc, argv, &i), 0, 1 << 20);
+        else if (!strcmp(a, "--cache-mem")) o.cache_mem = (uint64_t)cli_parse_long(a, cli_value(argc, argv, &i), 0, 1L << 40);
         else if (!strcmp(a, "--timeout")) o.timeout_s = cli_parse_double(a, cli_value(argc, argv, &i), 0, 86400);
         else if (!strcmp(a, "--api-key")) o.api_key = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--model-name")) o.model_name = cli_value(argc, argv, &i);

@@ -236,6 +236,8 @@ typedef struct kvzip_doc_entry {
     uint64_t bytes_kv_kept;  /**< uncompressed KV bytes of the kept pairs */
     int64_t ingest_time;     /**< unix seconds */
     const char *source_path; /**< recorded source path, may be "" */
+    uint8_t hash[16];        /**< content hash of its cache: changes when it is re-ingested
+                                  with other content */
 } kvzip_doc_entry;
 
 /** Called once per stored document, in id byte order; the entry is valid during the
@@ -246,6 +248,12 @@ typedef int (*kvzip_doc_fn)(void *user, const kvzip_doc_entry *doc);
  *  @return 0, the callback's nonzero value; KVZIP_ERR_ARG; KVZIP_ERR_CLOSED;
  *  KVZIP_ERR_FORMAT (corrupt entry); KVZIP_ERR_LMDB. */
 int kvzip_store_list(kvzip_store *s, kvzip_doc_fn cb, void *user);
+
+/** The entry of one document, read in its own short read transaction (strings in
+ *  @p out are valid until the next call on this thread). @return 0; KVZIP_ERR_ARG;
+ *  KVZIP_ERR_CLOSED; KVZIP_ERR_NOTFOUND (no such id; a split document is found as
+ *  "ID#1", ...); KVZIP_ERR_FORMAT; KVZIP_ERR_LMDB. */
+int kvzip_store_doc(kvzip_store *s, const char *doc_id, kvzip_doc_entry *out);
 
 /* ------------------------------------------------------------------------- */
 /* Ingest                                                                      */

@@ -158,6 +158,16 @@ struct server {
     pthread_t *workers;
     metrics mt;
     atomic_ulong seq;
+    /* LRU of idle decoded sessions: a whole stored document with the same content
+     * hash and the same decoding options is answered without reading the store */
+    pthread_mutex_t cmu;
+    struct centry {
+        char *key;
+        kvzip_session *ss;
+        uint64_t bytes, used;
+    } *cache;
+    int ncache;
+    uint64_t cache_bytes, cache_tick, cache_hits, cache_misses, cache_evictions;
 };
 
 static void job_unref(job *j)
@@ -328,12 +338,83 @@ static int status_of(int rc, int cancel)
     }
 }
 
+/* The cache key of a job: NULL when its session cannot be reused (text session,
+ * several documents, a split document). */
+static char *cache_key(server *sv, const job *j)
+{
+    if (!sv->o.cache_mem || j->ndocs != 1) return NULL;
+    kvzip_doc_entry e;
+    if (kvzip_store_doc(sv->s, j->docs[0], &e)) return NULL;
+    char hex[33], *k = NULL;
+    for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", e.hash[i]);
+    const kvzip_session_opts *o = &j->so;
+    if (asprintf(&k, "%s|%s|%d|%d|%d|%.9g|%.9g|%llu", j->docs[0], hex, o->budget, o->max_tokens,
+                 o->budget ? 0 : o->max_question_tokens, o->temperature, o->top_p,
+                 (unsigned long long)o->seed) < 0)
+        return NULL;
+    return k;
+}
+
+static kvzip_session *cache_take(server *sv, const char *key)
+{
+    kvzip_session *ss = NULL;
+    pthread_mutex_lock(&sv->cmu);
+    for (int i = 0; key && i < sv->ncache; i++)
+        if (!strcmp(sv->cache[i].key, key)) {
+            ss = sv->cache[i].ss;
+            sv->cache_bytes -= sv->cache[i].bytes;
+            free(sv->cache[i].key);
+            sv->cache[i] = sv->cache[--sv->ncache];
+            break;
+        }
+    if (key) {
+        if (ss) sv->cache_hits++;
+        else sv->cache_misses++;
+    }
+    pthread_mutex_unlock(&sv->cmu);
+    return ss;
+}
+
+/* Keep an idle session (takes @p key and @p ss), evicting the least recently used
+ * ones beyond --cache-mem. A session larger than the whole budget is closed. */
+static void cache_put(server *sv, char *key, kvzip_session *ss, uint64_t bytes)
+{
+    kvzip_session *drop[64];
+    int nd = 0;
+    pthread_mutex_lock(&sv->cmu);
+    struct centry *c = bytes <= sv->o.cache_mem ? realloc(sv->cache, (size_t)(sv->ncache + 1) * sizeof *c) : NULL;
+    if (!c) {
+        pthread_mutex_unlock(&sv->cmu);
+        free(key);
+        kvzip_session_close(ss);
+        return;
+    }
+    sv->cache = c;
+    sv->cache[sv->ncache++] = (struct centry){key, ss, bytes, ++sv->cache_tick};
+    sv->cache_bytes += bytes;
+    while (sv->cache_bytes > sv->o.cache_mem && nd < 64) {
+        int lru = 0;
+        for (int i = 1; i < sv->ncache; i++)
+            if (sv->cache[i].used < sv->cache[lru].used) lru = i;
+        drop[nd++] = sv->cache[lru].ss;
+        sv->cache_bytes -= sv->cache[lru].bytes;
+        free(sv->cache[lru].key);
+        sv->cache[lru] = sv->cache[--sv->ncache];
+        sv->cache_evictions++;
+    }
+    pthread_mutex_unlock(&sv->cmu);
+    for (int i = 0; i < nd; i++) kvzip_session_close(drop[i]);
+}
+
 static void run_job(server *sv, job *j)
 {
     kvzip_session *ss = NULL;
     int rc = 0;
+    char *key = atomic_load(&j->cancel) ? NULL : cache_key(sv, j);
     double tl = now_s();
+    int hit = 0;
     if (atomic_load(&j->cancel)) rc = KVZIP_ERR_CANCELED;
+    else if ((ss = cache_take(sv, key))) hit = 1;
     else if (!j->ndocs) rc = kvzip_session_open_text(sv->m, j->text, strlen(j->text), &j->so, &ss);
     else {
         /* as kvzip-query: one whole document opens plainly, a split one or several compose */
@@ -348,7 +429,7 @@ static void run_job(server *sv, job *j)
         kvzip_session_info_get(ss, &si);
         j->doc_tokens = j->ndocs ? si.doc_tokens : 0;
         pthread_mutex_lock(&sv->mt.mu);
-        if (j->ndocs) {
+        if (j->ndocs && !hit) {
             sv->mt.doc_loads++;
             sv->mt.doc_load_s += tl;
         }
@@ -359,7 +440,12 @@ static void run_job(server *sv, job *j)
     if (!rc) rc = kvzip_ask(ss, j->question, on_token, j, &answer, &as);
     char detail[400];
     snprintf(detail, sizeof detail, "%.399s", rc ? kvzip_errdetail() : "");
-    kvzip_session_close(ss);
+    /* a session stays usable after an answer, also a canceled one */
+    if (key && ss && (!rc || rc == KVZIP_ERR_CANCELED)) cache_put(sv, key, ss, as.kv_bytes_held);
+    else {
+        free(key);
+        kvzip_session_close(ss);
+    }
     const int cancel = atomic_load(&j->cancel);
     pthread_mutex_lock(&j->mu);
     j->as = as;
@@ -825,10 +911,18 @@ static enum MHD_Result metrics_page(server *sv, struct MHD_Connection *c)
     P("# TYPE kvzip_prompt_tokens_total counter\nkvzip_prompt_tokens_total %llu\n", (unsigned long long)m.prompt_tokens);
     P("# TYPE kvzip_completion_tokens_total counter\nkvzip_completion_tokens_total %llu\n",
       (unsigned long long)m.completion_tokens);
-    P("# HELP kvzip_doc_loads_total Stored caches read and decoded (every request with documents: no cache "
-      "of decoded caches yet).\n# TYPE kvzip_doc_loads_total counter\nkvzip_doc_loads_total %llu\n",
+    P("# HELP kvzip_doc_loads_total Stored caches read and decoded (cache misses and uncacheable requests).\n# TYPE kvzip_doc_loads_total counter\nkvzip_doc_loads_total %llu\n",
       (unsigned long long)m.doc_loads);
     P("# TYPE kvzip_doc_load_seconds_total counter\nkvzip_doc_load_seconds_total %.6f\n", m.doc_load_s);
+    pthread_mutex_lock(&sv->cmu);
+    P("# HELP kvzip_cache_hits_total Requests answered from a kept decoded session.\n"
+      "# TYPE kvzip_cache_hits_total counter\nkvzip_cache_hits_total %llu\n", (unsigned long long)sv->cache_hits);
+    P("# TYPE kvzip_cache_misses_total counter\nkvzip_cache_misses_total %llu\n", (unsigned long long)sv->cache_misses);
+    P("# TYPE kvzip_cache_evictions_total counter\nkvzip_cache_evictions_total %llu\n",
+      (unsigned long long)sv->cache_evictions);
+    P("# TYPE kvzip_cache_bytes gauge\nkvzip_cache_bytes %llu\n", (unsigned long long)sv->cache_bytes);
+    P("# TYPE kvzip_cache_entries gauge\nkvzip_cache_entries %d\n", sv->ncache);
+    pthread_mutex_unlock(&sv->cmu);
     P("# TYPE kvzip_queue_depth gauge\nkvzip_queue_depth %d\n", qd);
     P("# TYPE kvzip_workers_busy gauge\nkvzip_workers_busy %d\n", busy);
     const struct { const char *name; const histo *h; const double *b; size_t nb; } hs[] = {
@@ -950,6 +1044,7 @@ void kvz_serve_defaults(kvz_serve_opts *o)
     o->budget = 1024;
     o->timeout_s = 300;
     o->model_name = "kvzip";
+    o->cache_mem = (uint64_t)256 << 20;
 }
 
 int kvz_serve_run(kvzip_model *m, kvzip_store *s, const kvz_serve_opts *o)
@@ -963,6 +1058,7 @@ int kvz_serve_run(kvzip_model *m, kvzip_store *s, const kvz_serve_opts *o)
     pthread_mutex_init(&sv->qmu, NULL);
     pthread_cond_init(&sv->qcv, NULL);
     pthread_mutex_init(&sv->mt.mu, NULL);
+    pthread_mutex_init(&sv->cmu, NULL);
     sv->q = calloc((size_t)o->max_queue, sizeof *sv->q);
     sv->workers = calloc((size_t)o->workers, sizeof *sv->workers);
     if (!sv->q || !sv->workers) {
@@ -1009,6 +1105,11 @@ int kvz_serve_run(kvzip_model *m, kvzip_store *s, const kvz_serve_opts *o)
     pthread_cond_broadcast(&sv->qcv);
     pthread_mutex_unlock(&sv->qmu);
     for (int i = 0; i < nw; i++) pthread_join(sv->workers[i], NULL);
+    for (int i = 0; i < sv->ncache; i++) {
+        kvzip_session_close(sv->cache[i].ss);
+        free(sv->cache[i].key);
+    }
+    free(sv->cache);
     free(sv->q);
     free(sv->workers);
     free(sv);

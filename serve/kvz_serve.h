@@ -32,6 +32,7 @@ typedef struct kvz_serve_opts {
     double timeout_s;          /* per request, queue wait + generation; 0 = none */
     const char *api_key;       /* non-NULL: require "Authorization: Bearer KEY" */
     const char *model_name;    /* id reported by /v1/models */
+    uint64_t cache_mem;        /* bytes of idle decoded sessions kept for reuse; 0 = none */
 } kvz_serve_opts;
 
 void kvz_serve_defaults(kvz_serve_opts *o);

@@ -7,8 +7,9 @@
 #      too many documents, max_tokens over the limit, over-long question, invalid
 #      UTF-8, body too large, no/wrong API key, unknown path, wrong method, slow client)
 #  (c) load: 16 concurrent clients x 2 streaming requests, 0 errors, p50/p99 TTFT and
-#      tokens/s printed; (d) kvzip-ingest re-writes a document of the same store
-#      meanwhile, and afterwards that document answers with its new content
+#      tokens/s printed, decoded sessions reused (cache hits); (d) kvzip-ingest re-writes
+#      a document of the same store meanwhile, and afterwards that document answers with
+#      its new content, not from its cached old session
 #  client hang-up cancels the generation (/metrics kvzip_canceled_total); a full queue
 #  answers 503 with Retry-After; (f) kill -9 and restart: serving resumes.
 source "$(dirname "$0")/lib.bash"
@@ -151,6 +152,11 @@ done
 check "hang-up canceled the generation (kvzip_canceled_total $c0 -> $c1)" test "$c1" -gt "$c0"
 
 # ---- (c) load + (d) re-ingest meanwhile ----
+PQ="At what speed in rpm does pump P-7 run?"
+code=$(post "$(ask "$PQ" pump.txt)")
+PA=$(jget "$T/body" 'o["choices"][0]["message"]["content"]')
+echo "pump answer before re-ingest: $PA"
+check "pump answer names 1450 before the re-ingest (its session is now cached)" grep -q 1450 <<<"$PA"
 printf 'Pump notes. Pump P-7 in bay 3 runs at 2900 rpm. The seal temperature is logged every four days by the duty engineer.\n' >"$D/pump.txt"
 ( sleep 2; "$ING" --store "$S" --threads 1 "$D/pump.txt" >"$T/ing2" 2>&1; echo $? >"$T/ing2.rc" ) &
 ING2=$!
@@ -159,13 +165,15 @@ wait "$ING2"
 echo "load (16 clients x 2 requests, 8 tokens): $(cat "$T/load.json")"
 check "load: 32 answered, 0 errors" jget "$T/load.json" 'exit(0 if o["ok"] == 32 and o["errors"] == 0 else 1)'
 check "re-ingest during the load succeeded ($(cat "$T/ing2" | tail -1))" test "$(cat "$T/ing2.rc")" = 0
-code=$(post "$(ask "At what speed in rpm does pump P-7 run?" pump.txt)")
+code=$(post "$(ask "$PQ" pump.txt)")
 PA=$(jget "$T/body" 'o["choices"][0]["message"]["content"]')
 echo "pump answer after re-ingest: $PA"
 check "re-ingested document answers with its new content (2900)" grep -q 2900 <<<"$PA"
 curl -s "$URL/metrics" >"$T/metrics"
 check "/metrics: TTFT histogram and token counter" grep -q '^kvzip_ttft_seconds_count [1-9]' "$T/metrics"
 check "/metrics: queue depth gauge" grep -q '^kvzip_queue_depth 0' "$T/metrics"
+echo "cache: $(grep -E '^kvzip_(cache|doc_loads)' "$T/metrics" | tr '\n' ' ')"
+check "/metrics: the load reused decoded sessions (cache hits > 0)" grep -q '^kvzip_cache_hits_total [1-9]' "$T/metrics"
 
 # ---- (f) kill -9 and restart ----
 kill -9 "$SPID"; wait "$SPID" 2>/dev/null
