@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--kinds", default="retrieval")
     ap.add_argument("--only-small", action="store_true", help="skip questions naming multidoc/ documents")
     ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--ids", default="", help="comma-separated question ids (default all)")
     ap.add_argument("--methods", default="sequential,parallel,oracle")
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--key-scale", default="")
@@ -48,6 +49,8 @@ def main():
     qs = [q for q in qs if q["kind"] in a.kinds.split(",")]
     if a.only_small:
         qs = [q for q in qs if not any(d.startswith("multidoc/") for d in q["docs"])]
+    if a.ids:
+        qs = [q for q in qs if q["id"] in a.ids.split(",")]
     if a.limit:
         qs = qs[: a.limit]
     methods = a.methods.split(",")
