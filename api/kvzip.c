@@ -339,6 +339,53 @@ int kvzip_store_has_doc(kvzip_store *s, const char *doc_id)
     return rc ? rc : 1;
 }
 
+typedef struct {
+    kvzip_doc_fn cb;
+    void *user;
+} list_ctx;
+
+static int list_one(void *user, const char *doc_id, const kvz_store_doc_info *info)
+{
+    const list_ctx *lc = user;
+    kvzip_doc_entry d = {.id = doc_id, .tokens = info->n_tokens, .ratio = info->ratio,
+                         .part = info->part, .bytes_stored = info->bytes_stored,
+                         .bytes_kv_full = info->bytes_kv_full, .bytes_kv_kept = info->bytes_kv_kept,
+                         .ingest_time = info->ingest_time, .source_path = info->source_path};
+    memcpy(d.hash, info->hash, sizeof d.hash);
+    return lc->cb(lc->user, &d);
+}
+
+int kvzip_store_list(kvzip_store *s, kvzip_doc_fn cb, void *user)
+{
+    NEED(s);
+    NEED(cb);
+    int rc = ref_check(&s->r, 0, "store");
+    if (rc) return rc;
+    list_ctx lc = {cb, user};
+    return kvz_store_list(s->s, list_one, &lc);
+}
+
+static int copy_entry(void *user, const kvzip_doc_entry *d)
+{
+    *(kvzip_doc_entry *)user = *d;
+    return 0;
+}
+
+int kvzip_store_doc(kvzip_store *s, const char *doc_id, kvzip_doc_entry *out)
+{
+    NEED(s);
+    NEED(doc_id);
+    NEED(out);
+    int rc = ref_check(&s->r, 0, "store");
+    if (rc) return rc;
+    static _Thread_local kvz_store_doc_info info;
+    static _Thread_local char id[512];
+    if ((rc = kvz_store_lookup(s->s, doc_id, &info))) return rc;
+    snprintf(id, sizeof id, "%s", doc_id);
+    list_ctx lc = {copy_entry, out};
+    return list_one(&lc, id, &info);
+}
+
 /* ------------------------------------------------------------------------- */
 /* Ingest                                                                      */
 

@@ -225,6 +225,36 @@ int kvzip_store_close(kvzip_store *s);
  *  KVZIP_ERR_FORMAT (corrupt entry); KVZIP_ERR_LMDB. */
 int kvzip_store_has_doc(kvzip_store *s, const char *doc_id);
 
+/** One stored document as kvzip_store_list() reports it. */
+typedef struct kvzip_doc_entry {
+    const char *id;          /**< NUL-terminated doc id ("ID#N" for part N of a split document) */
+    uint64_t tokens;         /**< prefix + context tokens */
+    float ratio;             /**< kept ratio it was ingested with */
+    uint32_t part;           /**< N for part N of a split document, else 0 */
+    uint64_t bytes_stored;   /**< compressed bytes of its records */
+    uint64_t bytes_kv_full;  /**< uncompressed KV bytes of the full cache */
+    uint64_t bytes_kv_kept;  /**< uncompressed KV bytes of the kept pairs */
+    int64_t ingest_time;     /**< unix seconds */
+    const char *source_path; /**< recorded source path, may be "" */
+    uint8_t hash[16];        /**< content hash of its cache: changes when it is re-ingested
+                                  with other content */
+} kvzip_doc_entry;
+
+/** Called once per stored document, in id byte order; the entry is valid during the
+ *  call only. Return 0 to go on, nonzero to stop (kvzip_store_list returns that value). */
+typedef int (*kvzip_doc_fn)(void *user, const kvzip_doc_entry *doc);
+
+/** List the stored documents in one consistent snapshot (one LMDB read transaction).
+ *  @return 0, the callback's nonzero value; KVZIP_ERR_ARG; KVZIP_ERR_CLOSED;
+ *  KVZIP_ERR_FORMAT (corrupt entry); KVZIP_ERR_LMDB. */
+int kvzip_store_list(kvzip_store *s, kvzip_doc_fn cb, void *user);
+
+/** The entry of one document, read in its own short read transaction (strings in
+ *  @p out are valid until the next call on this thread). @return 0; KVZIP_ERR_ARG;
+ *  KVZIP_ERR_CLOSED; KVZIP_ERR_NOTFOUND (no such id; a split document is found as
+ *  "ID#1", ...); KVZIP_ERR_FORMAT; KVZIP_ERR_LMDB. */
+int kvzip_store_doc(kvzip_store *s, const char *doc_id, kvzip_doc_entry *out);
+
 /* ------------------------------------------------------------------------- */
 /* Ingest                                                                      */
 
