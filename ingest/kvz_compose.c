@@ -6,7 +6,7 @@
 #include "kvz_compose.h"
 #include "kvz_error.h"
 #include "kvz_generate.h"
-#include "kvz_quant.h"
+#include "kvz_kvrow.h"
 #include "kvz_rope_shift.h"
 
 void kvz_compose_defaults(kvz_compose_opts *o)
@@ -69,25 +69,6 @@ static int expand(kvz_store_read *r, const char *id, char ***v, int32_t *n)
     return 0;
 }
 
-static void to_f32(uint8_t dtype, const uint8_t *src, float *dst, size_t n)
-{
-    if (dtype == KVZ_DTYPE_F32) {
-        memcpy(dst, src, n * sizeof(float));
-    } else if (dtype == KVZ_DTYPE_F16) {
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            dst[i] = kvz_fp16_to_fp32(h);
-        }
-    } else {
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            dst[i] = kvz_bf16_to_fp32(h);
-        }
-    }
-}
-
 int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n,
                   const kvz_compose_opts *o, int64_t extra_rows, int32_t out_slots, kvz_kv **out,
                   kvz_compose_meta *meta, char ***names)
@@ -120,6 +101,8 @@ int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n
     float *kf = NULL, *vf = NULL;
     int32_t *pf = NULL;
     kvz_kv *kv = NULL;
+    kvz_blob_meta pm; /* the shared prefix blob of SHARED documents (FORMAT §6.6) */
+    memset(&pm, 0, sizeof pm);
     for (int32_t i = 0; i < n && !rc; i++) rc = expand(r, ids[i], &v, &nd);
     if (rc) goto out;
     const size_t nlh = (size_t)c->n_layer * (size_t)c->n_kv_head, hd = (size_t)c->head_dim;
@@ -169,6 +152,25 @@ int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n
             total[i] += bm[d].counts[i] - skip[d];
         }
     }
+    /* SHARED blobs hold only context rows: the prefix rows come once, from the prefix
+     * blob the first document names, placed first in every head */
+    const uint32_t P = bm[0].prefix_policy == KVZ_PREFIX_SHARED ? bm[0].n_prefix : 0;
+    if (P) {
+        const uint8_t *rec;
+        size_t len;
+        if ((rc = kvz_store_read_prefix(r, bm[0].prefix_ref, KVZ_BLOB_META_LAYER, &rec, &len)) ||
+            (rc = kvz_blob_decode_meta(rec, len, fp, &pm))) {
+            rc = doc_err(rc, v[0]);
+            goto out;
+        }
+        if (pm.n_layer != bm[0].n_layer || pm.n_kv_head != bm[0].n_kv_head ||
+            pm.head_dim != bm[0].head_dim || pm.n_prefix != P || pm.n_context != 0 ||
+            pm.prefix_policy != KVZ_PREFIX_KEEP) {
+            rc = kvz_error_set(KVZ_ERR_FORMAT, "document '%s': its shared prefix blob does not fit it", v[0]);
+            goto out;
+        }
+        for (size_t i = 0; i < nlh; i++) total[i] += P;
+    }
     meta->n_docs = nd;
     meta->n_prefix = (int32_t)bm[0].n_prefix;
     meta->span_seq = meta->n_prefix + sum_ctx;
@@ -209,12 +211,16 @@ int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n
                                (unsigned long long)max_head);
         goto out;
     }
-    uint8_t esz = 4;
+    size_t rbmax = 0; /* stored bytes of one row, the largest over the documents */
     for (int32_t d = 0; d < nd; d++)
-        if (kvz_blob_dtype_size(bm[d].dtype) > esz) esz = (uint8_t)kvz_blob_dtype_size(bm[d].dtype);
+        if (kvz_blob_kv_row_bytes(&bm[d]) > rbmax) rbmax = kvz_blob_kv_row_bytes(&bm[d]);
+    if (P) {
+        if (kvz_blob_kv_row_bytes(&pm) > rbmax) rbmax = kvz_blob_kv_row_bytes(&pm);
+        if ((uint64_t)P * c->n_kv_head > max_doc_layer) max_doc_layer = (uint64_t)P * c->n_kv_head;
+    }
     pos = malloc(sizeof *pos * (max_doc_layer + 1));
-    kb = malloc((size_t)esz * (max_doc_layer + 1) * hd);
-    vb = malloc((size_t)esz * (max_doc_layer + 1) * hd);
+    kb = malloc(rbmax * (max_doc_layer + 1));
+    vb = malloc(rbmax * (max_doc_layer + 1));
     kf = malloc(sizeof *kf * (max_layer + 1) * hd);
     vf = malloc(sizeof *vf * (max_layer + 1) * hd);
     pf = malloc(sizeof *pf * (max_layer + 1));
@@ -234,6 +240,24 @@ int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n
             fill[h] = 0;
             acc += tl[h];
         }
+        if (P) {
+            const uint8_t *rec;
+            size_t len;
+            if ((rc = kvz_store_read_prefix(r, bm[0].prefix_ref, (uint32_t)l, &rec, &len)) ||
+                (rc = kvz_blob_decode_layer(&pm, (uint32_t)l, rec, len, pos, kb, vb))) {
+                rc = doc_err(rc, v[0]);
+                goto out;
+            }
+            const size_t prb = kvz_blob_kv_row_bytes(&pm);
+            for (int32_t h = 0; h < c->n_kv_head; h++) {
+                const uint64_t s0 = (uint64_t)h * P, dst = hstart[h];
+                if ((rc = kvz_kvrow_decode(pm.dtype, kb + s0 * prb, P, hd, kf + dst * hd)) ||
+                    (rc = kvz_kvrow_decode(pm.dtype, vb + s0 * prb, P, hd, vf + dst * hd)))
+                    goto out;
+                for (uint32_t i = 0; i < P; i++) pf[dst + i] = (int32_t)pos[s0 + i];
+                fill[h] = P;
+            }
+        }
         for (int32_t d = 0; d < nd; d++) {
             const uint8_t *rec;
             size_t len;
@@ -242,14 +266,15 @@ int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n
                 rc = doc_err(rc, v[d]);
                 goto out;
             }
-            const size_t es = kvz_blob_dtype_size(bm[d].dtype);
+            const size_t rb = kvz_blob_kv_row_bytes(&bm[d]);
             uint64_t src = 0;
             for (int32_t h = 0; h < c->n_kv_head; h++) {
                 const uint32_t cnt = bm[d].counts[(size_t)l * c->n_kv_head + h];
                 const uint64_t s0 = src + skip[d], nr = cnt - skip[d];
                 const uint64_t dst = hstart[h] + fill[h];
-                to_f32(bm[d].dtype, kb + s0 * hd * es, kf + dst * hd, nr * hd);
-                to_f32(bm[d].dtype, vb + s0 * hd * es, vf + dst * hd, nr * hd);
+                if ((rc = kvz_kvrow_decode(bm[d].dtype, kb + s0 * rb, nr, hd, kf + dst * hd)) ||
+                    (rc = kvz_kvrow_decode(bm[d].dtype, vb + s0 * rb, nr, hd, vf + dst * hd)))
+                    goto out;
                 /* the prefix rows (positions < n_prefix, first in each head) stay put */
                 uint64_t np = 0;
                 for (uint64_t i = 0; i < nr; i++) {
@@ -272,6 +297,7 @@ int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n
     }
 out:
     kvz_store_read_end(r);
+    kvz_blob_meta_free(&pm);
     if (bm)
         for (int32_t d = 0; d < nd; d++) kvz_blob_meta_free(&bm[d]);
     free(bm); free(info); free(delta); free(skip); free(total);
