@@ -227,9 +227,11 @@ int main(int argc, char **argv)
         if (!composed && (rc = kvzip_session_open(m, st, doc_id, &so, &ss)) == KVZIP_ERR_NOTFOUND)
             composed = 1;
         if (composed && (rc = kvzip_session_open_docs(m, st, docs, ndocs, &so, &dopts, &ss))) {
-            if (rc == KVZIP_ERR_NOTFOUND)
-                cli_error(rc, "cannot load the document (kvzip-store ls lists the ids)");
-            else
+            if (rc == KVZIP_ERR_NOTFOUND) { /* the detail names the unknown id */
+                fprintf(stderr, "kvzip-query: error: %s (kvzip-store ls lists them)\n",
+                        cli_escape(kvzip_errdetail()));
+                kvz_error_clear();
+            } else
                 cli_error(rc, ndocs > 1 ? "cannot compose the documents" : "cannot load document '%s'", doc_id);
             return rc == KVZIP_ERR_ARG ? EXIT_USAGE : rc == KVZIP_ERR_CONTEXT ? EXIT_INPUT : cli_store_exit(rc);
         }
