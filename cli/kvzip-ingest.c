@@ -12,6 +12,7 @@
 #include "kvz_error.h"
 #include "kvz_generate.h"
 #include "kvz_ingest.h"
+#include "kvz_pipeline.h"
 
 static void usage(void)
 {
@@ -151,6 +152,59 @@ static int on_progress(void *ctx, int64_t done, int64_t total)
     return 0;
 }
 
+/* ---- results of the ingest pipeline, in submission order ---- */
+typedef struct ingest_acc {
+    kvz_store *st;
+    doc_list *docs;
+    progress *pr;
+    int quiet, json;
+    int32_t *parts, *parts_left;  /* per document */
+    int *doc_failed;
+    int failed, n_written, n_unchanged, n_parts;
+    int64_t tokens_done, pairs_total, pairs_kept;
+    uint64_t b_full, b_kept, b_stored;
+} ingest_acc;
+
+static void on_done(void *ctx, const char *id, int rc, const char *detail, const kvz_ingest_result *r, void *user)
+{
+    ingest_acc *a = ctx;
+    const size_t i = (size_t)user;
+    if (!r) return; /* not attempted: the store stopped taking documents (reported once) */
+    if (a->pr->tty && !a->pr->quiet) fprintf(stderr, "\r\033[K");
+    if (rc) {
+        kvz_error_set(rc, "%s", detail);
+        cli_error(rc, "%s", id);
+        if (!a->doc_failed[i]) a->failed++;
+        a->doc_failed[i] = 1;
+    } else {
+        a->n_parts++;
+        if (r->status == KVZ_STORE_UNCHANGED) a->n_unchanged++;
+        else a->n_written++;
+        a->pairs_total += r->pairs_total;
+        a->pairs_kept += r->pairs_kept;
+        a->b_full += r->bytes_full;
+        a->b_kept += r->bytes_kept;
+        a->b_stored += r->bytes_stored;
+        if (!a->quiet && !a->json)
+            fprintf(stderr, "%-10s %s  %d tokens  %.1f s\n",
+                    r->status == KVZ_STORE_UNCHANGED ? "unchanged" :
+                    r->status == KVZ_STORE_WRITTEN ? "ingested" : "linked",
+                    id, r->n_ctx, r->seconds);
+    }
+    if (--a->parts_left[i] > 0 || a->doc_failed[i]) return;
+    /* every part stored: parts left over from an older, longer version of this document */
+    const int32_t parts = a->parts[i];
+    const char *base = a->docs->v[i].id;
+    char old_id[4096];
+    kvz_store_doc_info old;
+    if (parts > 1 && kvz_store_lookup(a->st, base, &old) == 0) kvz_store_delete_doc(a->st, base);
+    for (int32_t p = parts > 1 ? parts + 1 : 1;; p++) {
+        snprintf(old_id, sizeof old_id, "%s#%d", base, p);
+        if (kvz_store_lookup(a->st, old_id, &old) != 0 || kvz_store_delete_doc(a->st, old_id) != 0) break;
+    }
+    kvz_error_clear();
+}
+
 int main(int argc, char **argv)
 {
     cli_init("kvzip-ingest", argv);
@@ -269,63 +323,45 @@ int main(int argc, char **argv)
     int32_t max_part = kvz_ingest_max_part_tokens(m);
     if (part_tokens > 0 && part_tokens < max_part) max_part = (int32_t)part_tokens;
     progress pr = {.tty = isatty(2), .quiet = quiet || json, .total = total, .t0 = kvz_now()};
-    int n_written = 0, n_unchanged = 0, n_parts = 0;
-    int64_t tokens_done = 0, pairs_total = 0, pairs_kept = 0;
-    uint64_t b_full = 0, b_kept = 0, b_stored = 0;
+    ingest_acc acc = {.st = st, .docs = &docs, .pr = &pr, .quiet = quiet, .json = json};
+    acc.parts_left = calloc(docs.n ? docs.n : 1, sizeof *acc.parts_left);
+    acc.doc_failed = calloc(docs.n ? docs.n : 1, sizeof *acc.doc_failed);
+    acc.parts = calloc(docs.n ? docs.n : 1, sizeof *acc.parts);
+    /* overlapped: the GPU scores the next part while the last ones are encoded and
+     * committed (ingest/kvz_pipeline.h); results arrive in order through on_done */
+    kvz_pipeline *pl = NULL;
+    o.progress = on_progress;
+    o.progress_ctx = &pr;
+    if ((rc = kvz_pipeline_create(m, st, &o, 0, on_done, &acc, &pl))) {
+        cli_error(rc, "cannot start the ingest pipeline");
+        return cli_exit_code(rc);
+    }
     const double t_start = kvz_now();
-    for (size_t i = 0; i < docs.n; i++) {
+    for (size_t i = 0; i < docs.n && !kvz_pipeline_failed(pl); i++) {
         if (!ok[i]) continue;
         const int32_t n = (int32_t)toks[i].n;
         const int32_t parts = (n + max_part - 1) / max_part;
-        int doc_failed = 0;
-        for (int32_t p = 0; p < parts && !doc_failed; p++) {
+        acc.parts[i] = acc.parts_left[i] = parts;
+        for (int32_t p = 0; p < parts && !kvz_pipeline_failed(pl); p++) {
             /* near-equal parts */
             const int32_t s0 = (int32_t)((int64_t)n * p / parts), s1 = (int32_t)((int64_t)n * (p + 1) / parts);
             char id[4096];
             if (parts > 1) snprintf(id, sizeof id, "%s#%d", docs.v[i].id, p + 1);
             else snprintf(id, sizeof id, "%s", docs.v[i].id);
-            kvz_ingest_result r;
             pr.name = id;
-            pr.base = tokens_done;
-            o.progress = on_progress;
-            o.progress_ctx = &pr;
-            rc = kvz_ingest_doc(m, st, id, docs.v[i].path, toks[i].ids + s0, s1 - s0, &o, &r);
-            tokens_done += 2 * (int64_t)(s1 - s0);
-            if (pr.tty && !pr.quiet) fprintf(stderr, "\r\033[K");
-            if (rc) {
-                cli_error(rc, "%s", id);
-                doc_failed = 1;
-                if (rc == KVZ_ERR_FULL || rc == KVZ_ERR_MODEL || rc == KVZ_ERR_LMDB) {
-                    failed++;
-                    goto summary; /* the store cannot take more: stop */
-                }
-                break;
-            }
-            n_parts++;
-            if (r.status == KVZ_STORE_UNCHANGED) n_unchanged++;
-            else n_written++;
-            pairs_total += r.pairs_total;
-            pairs_kept += r.pairs_kept;
-            b_full += r.bytes_full;
-            b_kept += r.bytes_kept;
-            b_stored += r.bytes_stored;
-            if (!quiet && !json)
-                fprintf(stderr, "%-10s %s  %d tokens  %.1f s\n",
-                        r.status == KVZ_STORE_UNCHANGED ? "unchanged" :
-                        r.status == KVZ_STORE_WRITTEN ? "ingested" : "linked",
-                        id, r.n_ctx, r.seconds);
-        }
-        if (doc_failed) { failed++; continue; }
-        /* parts left over from an older, longer version of this document */
-        char id[4096];
-        kvz_store_doc_info old;
-        if (parts > 1 && kvz_store_lookup(st, docs.v[i].id, &old) == 0) kvz_store_delete_doc(st, docs.v[i].id);
-        for (int32_t p = parts > 1 ? parts + 1 : 1;; p++) {
-            snprintf(id, sizeof id, "%s#%d", docs.v[i].id, p);
-            if (kvz_store_lookup(st, id, &old) != 0 || kvz_store_delete_doc(st, id) != 0) break;
+            pr.base = acc.tokens_done;
+            kvz_pipeline_submit(pl, id, docs.v[i].path, toks[i].ids + s0, s1 - s0, (void *)i);
+            acc.tokens_done += 2 * (int64_t)(s1 - s0);
         }
     }
-summary:;
+    kvz_pipeline_free(pl); /* waits for the last commits */
+    failed += acc.failed;
+    int n_written = acc.n_written, n_unchanged = acc.n_unchanged, n_parts = acc.n_parts;
+    int64_t tokens_done = acc.tokens_done, pairs_total = acc.pairs_total, pairs_kept = acc.pairs_kept;
+    uint64_t b_full = acc.b_full, b_kept = acc.b_kept, b_stored = acc.b_stored;
+    free(acc.parts_left);
+    free(acc.doc_failed);
+    free(acc.parts);
     const double secs = kvz_now() - t_start;
     if (json) {
         printf("{\"store\": ");

@@ -6,6 +6,7 @@
 #include "cli_util.h"
 #include "kvz_error.h"
 #include "kvz_generate.h"
+#include "kvz_doc_cache.h"
 #include "kvz_ingest.h"
 #include "kvz_model.h"
 #include "kvz_store.h"
@@ -155,6 +156,7 @@ int main(int argc, char **argv)
     int32_t n_doc;          /* position where questions start */
     double t_doc;
     kvz_store *st = NULL;
+    kvz_doc_cache *dc = NULL; /* --doc: each question borrows the loaded document from it */
     if (doc_id) {
         uint8_t fp[16];
         kvz_model_fingerprint(m, fp);
@@ -164,7 +166,9 @@ int main(int argc, char **argv)
             return cli_store_exit(rc);
         }
         kvz_doc_meta dm;
-        if ((rc = kvz_doc_load(m, st, doc_id, extra, (int32_t)budget, &kv, &dm))) {
+        if (!(rc = kvz_doc_cache_create(m, UINT64_MAX, NULL, &dc)))
+            rc = kvz_doc_cache_get(dc, st, doc_id, extra, (int32_t)budget, &kv, &dm, NULL);
+        if (rc) {
             char part[600];
             kvz_store_doc_info pi;
             snprintf(part, sizeof part, "%s#1", doc_id);
@@ -220,8 +224,19 @@ int main(int argc, char **argv)
                 "(%ld) exceed the model's trained context of %d tokens\n", n_doc, max_q, max_tokens,
                 c->n_ctx);
     }
-    kvz_kv_checkpoint(kv);
+    if (!dc) kvz_kv_checkpoint(kv);
     for (int i = 0; i < nq && !rc; i++) {
+        if (dc && i > 0) { /* the next question: the same document, from the cache (no load) */
+            kvz_doc_meta dm;
+            int hit = 0;
+            if ((rc = kvz_doc_cache_put(dc, kv)) ||
+                (rc = kvz_doc_cache_get(dc, st, doc_id, extra, (int32_t)budget, &kv, &dm, &hit))) {
+                cli_error(rc, "cannot reuse document '%s'", doc_id);
+                kv = NULL;
+                break;
+            }
+            if (stats) fprintf(stderr, "kvzip-query: document '%s' %s\n", doc_id, hit ? "from the cache" : "loaded again");
+        }
         qt.n = 0;
         kvz_chat_question(tok, questions[i], &qt);
         answer_buf ab = {.tok = tok, .stream = !json};
@@ -262,10 +277,15 @@ int main(int argc, char **argv)
                     "%lld slots, %lld evictions)\n", ks.bytes_held / 1e6, (long long)ks.doc_rows,
                     (long long)ks.out_used, (long long)ks.out_slots, (long long)ks.evictions);
         }
-        kvz_kv_rollback(kv); /* back to the document for the next question */
+        if (!dc) kvz_kv_rollback(kv); /* back to the document for the next question */
     }
     fflush(stdout);
-    kvz_kv_free(kv);
+    if (dc) {
+        if (kv) kvz_doc_cache_put(dc, kv);
+        kvz_doc_cache_free(dc);
+    } else {
+        kvz_kv_free(kv);
+    }
     kvz_tokens_free(&prompt);
     kvz_tokens_free(&qt);
     kvz_store_close(st);
