@@ -19,7 +19,7 @@
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
-typedef struct pbuf { /* pinned buffer of kept rows, reused across documents */
+typedef struct pbuf { /* host buffer of one document's kept rows, reused across documents */
     void *p;
     size_t bytes;
     int busy;
@@ -62,6 +62,8 @@ struct kvz_pipeline {
     int fatal;
     char fatal_detail[512];
     pbuf bufs[KVZ_PIPELINE_DEPTH];
+    void *pin;               /* pinned staging of one layer (the GPU export lands here) */
+    size_t pin_bytes;
     pthread_t *workers;
     int n_workers;
     pthread_t writer;
@@ -235,9 +237,10 @@ int kvz_pipeline_create(kvz_model *m, kvz_store *st, const kvz_ingest_opts *o, i
         *out = p;
         return 0;
     }
-    if (threads <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN) - 1;
-        threads = n < 1 ? 1 : n > 32 ? 32 : (int)n;
+    if (threads <= 0) { /* zstd keeps up with the GPU on a few cores; the caller's thread
+                           drives the GPU and must not wait for a core */
+        long n = sysconf(_SC_NPROCESSORS_ONLN) - 2;
+        threads = n < 2 ? 2 : n > 8 ? 8 : (int)n;
     }
     p->workers = calloc((size_t)threads, sizeof *p->workers);
     if (!p->workers) {
@@ -324,13 +327,28 @@ static int gpu_part(kvz_pipeline *p, job *j, const int32_t *all, int32_t n_prefi
     for (int i = 0; i < nlh; i++) j->counts[i] += (uint32_t)n_prefix;
     j->res.bytes_kept = (uint64_t)(kept + (int64_t)nlh * n_prefix) * 2u * rb;
     j->info.bytes_kv_kept = j->res.bytes_kept;
-    size_t need = 0;
+    size_t need = 0, layer_max = 0;
     for (int l = 0; l < p->n_layer; l++) {
         j->off[l] = need;
         const uint64_t k = kvz_blob_layer_kept(&j->bm, (uint32_t)l);
-        need += 2 * al256((size_t)k * rb) + al256((size_t)k * 4);
+        const size_t lb = 2 * al256((size_t)k * rb) + al256((size_t)k * 4);
+        need += lb;
+        layer_max = lb > layer_max ? lb : layer_max;
     }
-    /* a free pinned buffer (the encoders give them back) */
+    /* pinned staging of one layer: grown rarely (pinning costs ~0.7 s/GB), so the rows of
+     * a whole document go to ordinary (pageable, reused) memory from there */
+    if (p->pin_bytes < layer_max) {
+        kvz_cuda_host_free(p->pin);
+        p->pin = NULL;
+        p->pin_bytes = 0;
+        const size_t want = layer_max + layer_max / 2 > ((size_t)64 << 20) ? layer_max + layer_max / 2 : (size_t)64 << 20;
+        if ((rc = kvz_cuda_host_alloc(&p->pin, want))) {
+            kvz_kv_free(kv);
+            return rc;
+        }
+        p->pin_bytes = want;
+    }
+    /* a free host buffer (the encoders give them back) */
     pthread_mutex_lock(&p->mu);
     pbuf *b = NULL;
     for (;;) {
@@ -342,17 +360,25 @@ static int gpu_part(kvz_pipeline *p, job *j, const int32_t *all, int32_t n_prefi
     b->busy = 1;
     pthread_mutex_unlock(&p->mu);
     if (b->bytes < need) {
-        kvz_cuda_host_free(b->p);
-        b->p = NULL;
+        free(b->p);
         b->bytes = 0;
-        if ((rc = kvz_cuda_host_alloc(&b->p, need + need / 4))) goto fail;
+        if (!(b->p = malloc(need + need / 4))) {
+            rc = kvz_error_set(KVZ_ERR_NOMEM, "kept rows (%.1f MiB)", need / 1048576.0);
+            goto fail;
+        }
         b->bytes = need + need / 4;
     }
     for (int l = 0; l < p->n_layer && !rc; l++) {
         const uint64_t k = kvz_blob_layer_kept(&j->bm, (uint32_t)l);
-        uint8_t *d = (uint8_t *)b->p + j->off[l];
-        const size_t kb = al256((size_t)k * rb);
-        rc = kvz_cuda_kv_export_layer_to(kv, l, o->dtype, d, d + kb, (uint32_t *)(d + 2 * kb));
+        const size_t kb = al256((size_t)k * rb), lb = 2 * kb + (size_t)k * 4;
+        uint8_t *pin = p->pin, *d = (uint8_t *)b->p + j->off[l];
+        rc = kvz_cuda_kv_export_layer_to(kv, l, o->dtype, pin, pin + kb, (uint32_t *)(pin + 2 * kb));
+        const long nblk = (long)((lb + ((size_t)1 << 20) - 1) >> 20);
+#pragma omp parallel for schedule(static) if (nblk > 4)
+        for (long i = 0; i < nblk; i++) {
+            const size_t o0 = (size_t)i << 20, n = lb - o0 < ((size_t)1 << 20) ? lb - o0 : ((size_t)1 << 20);
+            memcpy(d + o0, pin + o0, n);
+        }
     }
 fail:
     kvz_kv_free(kv);
@@ -500,8 +526,9 @@ void kvz_pipeline_free(kvz_pipeline *p)
         p->head = j->next;
         job_free(p, j);
     }
+    for (int i = 0; i < KVZ_PIPELINE_DEPTH; i++) free(p->bufs[i].p);
 #ifdef KVZ_HAVE_CUDA
-    for (int i = 0; i < KVZ_PIPELINE_DEPTH; i++) kvz_cuda_host_free(p->bufs[i].p);
+    kvz_cuda_host_free(p->pin);
 #endif
     free(p->workers);
     pthread_mutex_destroy(&p->mu);
