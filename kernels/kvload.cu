@@ -127,15 +127,10 @@ __global__ void kv_export_q_kernel(kvz_cuda_kv kv, load_args la, size_t row_byte
     uint8_t *out = w ? vo : ko;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n * gpr; i += gridDim.x * blockDim.x) {
         const int r = i / gpr, g = i - r * gpr;
-        const uint4 *p = (const uint4 *)(src + (size_t)r * kv.hd + g * KVZ_KV_QGROUP);
+        const __nv_bfloat16 *p = src + (size_t)r * kv.hd + g * KVZ_KV_QGROUP;
         float x[32];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const uint4 v = p[j];
-            const uint16_t *b = (const uint16_t *)&v;
-#pragma unroll
-            for (int e = 0; e < 8; e++) x[8 * j + e] = __uint_as_float((uint32_t)b[e] << 16);
-        }
+        for (int e = 0; e < 32; e++) x[e] = __bfloat162float(p[e]);
         uint8_t *row = out + (size_t)(r0 + r) * row_bytes;
         if (DT == KVZ_KV_Q8) {
             float mx = 0.f;

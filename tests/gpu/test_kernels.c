@@ -1078,7 +1078,14 @@ static void test_export_q(int dtype, int hd, int n_kv)
                 const float *x = (w ? vf : kf) + ((size_t)h * cap + j) * hd;
                 const uint8_t *got = (w ? gv : gk) + (size_t)r * rb;
                 ref_quant_row(dtype, hd, x, ref);
-                bad += memcmp(ref, got, rb) != 0;
+                if (memcmp(ref, got, rb) != 0 && bad++ == 0) {
+                    printf("  first difference: head %d row %d %s: x[0..3] %g %g %g %g\n    gpu:", h, j, w ? "V" : "K",
+                           x[0], x[1], x[2], x[3]);
+                    for (int e = 0; e < 12; e++) printf(" %02x", got[e]);
+                    printf("\n    ref:");
+                    for (int e = 0; e < 12; e++) printf(" %02x", ref[e]);
+                    printf("\n");
+                }
                 for (int e = 0; e < hd; e++) {
                     const double d = (double)row_value(dtype, hd, got, e) - x[e];
                     num += d * d;
