@@ -20,6 +20,7 @@
 #include "cli_util.h"
 #include "kvz_error.h"
 #include "kvz_generate.h"
+#include "kvz_kvrow.h"
 #include "kvz_kvzip.h"
 #include "kvz_model.h"
 
@@ -64,6 +65,10 @@ static void usage(void)
         "  --per-doc N        only the first N questions of each document\n"
         "  --max-tokens N     greedy answer length limit (default 48; stops on <|im_end|>)\n"
         "  --seed N           random-eviction seed (default 1)\n"
+        "  --kv-dtype T       pass every compressed cache's kept K/V rows through the\n"
+        "                     stored type T (f32, f16, bf16, q8, q4: encode + decode with\n"
+        "                     the same row codecs as kvzip-ingest/the loader); default:\n"
+        "                     none (fp32 as computed). The full cache stays fp32.\n"
         "  --json FILE        full results (summary rows and every answer) as JSON\n"
         "  --plot FILE.png    accuracy and agreement vs ratio, one line per method\n"
         "                     (runs gnuplot, pngcairo terminal)\n"
@@ -339,6 +344,7 @@ typedef struct eval {
     int max_tokens;
     uint64_t seed;
     int quiet, tty;
+    int kv_dtype;        /* stored-type round trip of compressed caches, -1 none */
     run *full;           /* (nq) */
     kvz_tokens *full_gen;/* (nq) greedy tokens on the full cache */
     run *runs;           /* (nq, N_METHOD, nr) */
@@ -477,7 +483,10 @@ static int build_cache(const eval *e, const kvz_kv *full, kvz_kv *dst, int32_t n
             }
             counts[h] = (uint32_t)(off - off0);
         }
-        int rc = kvz_kv_set_layer(dst, l, counts, pb, kb, vb);
+        int rc = 0;
+        if (e->kv_dtype >= 0 && !(rc = kvz_kvrow_round_trip(e->kv_dtype, kb, off, hd)))
+            rc = kvz_kvrow_round_trip(e->kv_dtype, vb, off, hd);
+        if (!rc) rc = kvz_kv_set_layer(dst, l, counts, pb, kb, vb);
         if (rc) return rc;
         *rows += off;
     }
@@ -1007,7 +1016,7 @@ int main(int argc, char **argv)
     const char *qa_path = NULL, *model_flag = NULL, *json_path = NULL, *plot_path = NULL;
     const char *ratios_s = "1,0.5,0.3,0.2,0.1", *baselines_s = "random,window,snapkv", *docs_s = NULL;
     long limit = 0, per_doc = 0, max_tokens = 48, threads = 0, seed = 1;
-    int quiet = 0;
+    int quiet = 0, kv_dtype = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
@@ -1023,6 +1032,12 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--model")) model_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--threads")) threads = cli_parse_long(a, cli_value(argc, argv, &i), 1, 1024);
         else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) quiet = 1;
+        else if (!strcmp(a, "--kv-dtype")) {
+            const char *v = cli_value(argc, argv, &i);
+            const kvz_kvrow_codec *kc = kvz_kvrow_codec_find(v);
+            if (!kc) cli_usage_error("--kv-dtype expects f32, f16, bf16, q8 or q4, got '%s'", v);
+            kv_dtype = kc->dtype;
+        }
         else if (a[0] == '-' && a[1]) cli_usage_error("unknown option '%s'", a);
         else if (qa_path) cli_usage_error("only one FILE.jsonl may be given");
         else qa_path = a;
@@ -1030,7 +1045,7 @@ int main(int argc, char **argv)
     if (!qa_path) cli_usage_error("no FILE.jsonl given");
 
     eval e = {.max_tokens = (int)max_tokens, .seed = (uint64_t)seed, .quiet = quiet,
-              .tty = isatty(2)};
+              .tty = isatty(2), .kv_dtype = kv_dtype};
     /* ratios */
     {
         char *dup = strdup(ratios_s), *save = NULL;

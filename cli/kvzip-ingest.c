@@ -12,6 +12,7 @@
 #include "kvz_error.h"
 #include "kvz_generate.h"
 #include "kvz_ingest.h"
+#include "kvz_kvrow.h"
 #include "kvz_pipeline.h"
 
 static void usage(void)
@@ -41,7 +42,8 @@ static void usage(void)
         "                     tiny-qwen3); byte-level tokenizer, for tests and benchmarks\n"
         "  --ratio R          fraction of context KV pairs kept, in (0, 1] (default 0.3)\n"
         "  --mode M           global (one threshold over all heads, default) or uniform\n"
-        "  --kv-dtype T       stored K/V type: f16 (default), bf16 or f32\n"
+        "  --kv-dtype T       stored K/V type: f16 (default), bf16, f32, q8 (int8, one f16\n"
+        "                     scale per 32 values) or q4 (4-bit, f16 scale + minimum per 32)\n"
         "  --id ID            document id (one FILE argument only)\n"
         "  --part-tokens N    split documents longer than N tokens into parts (default and\n"
         "                     maximum: what the model allows)\n"
@@ -232,10 +234,9 @@ int main(int argc, char **argv)
             else cli_usage_error("--mode expects global or uniform, got '%s'", v);
         } else if (!strcmp(a, "--kv-dtype")) {
             const char *v = cli_value(argc, argv, &i);
-            if (!strcmp(v, "f16")) o.dtype = KVZ_DTYPE_F16;
-            else if (!strcmp(v, "bf16")) o.dtype = KVZ_DTYPE_BF16;
-            else if (!strcmp(v, "f32")) o.dtype = KVZ_DTYPE_F32;
-            else cli_usage_error("--kv-dtype expects f16, bf16 or f32, got '%s'", v);
+            const kvz_kvrow_codec *kc = kvz_kvrow_codec_find(v);
+            if (!kc) cli_usage_error("--kv-dtype expects f16, bf16, f32, q8 or q4, got '%s'", v);
+            o.dtype = kc->dtype;
         } else if (!strcmp(a, "--id")) id_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--part-tokens")) part_tokens = cli_parse_long(a, cli_value(argc, argv, &i), 16, 1 << 30);
         else if (!strcmp(a, "--threads")) threads = cli_parse_long(a, cli_value(argc, argv, &i), 1, 1024);

@@ -2,6 +2,7 @@
 #include "kvz_blob.h"
 
 #include "kvz_error.h"
+#include "kvz_kvrow.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -28,14 +29,21 @@ enum {
     H_MAGIC = 0, H_VERSION = 4, H_KIND = 6, H_CODEC = 7, H_LAYER = 8, H_RESERVED = 12,
     H_BLOB_ID = 16, H_RAW_SIZE = 24, H_COMP_SIZE = 32, H_RAW_XXH3 = 40, H_REC_XXH3 = 48,
 };
-#define KVZ_CODEC_ZSTD 1u
 
 /* META payload field offsets (docs/FORMAT.md §3). */
 enum {
     M_FP = 0, M_N_LAYER = 16, M_N_HEAD = 20, M_N_KV_HEAD = 24, M_HEAD_DIM = 28, M_DTYPE = 32,
     M_MODE = 33, M_PREFIX = 34, M_RESERVED = 35, M_RATIO = 36, M_CHUNK = 40, M_OVERLAP = 44,
-    M_N_PREFIX = 48, M_N_CONTEXT = 52, M_TOTAL_KEPT = 56, M_KV_BYTES = 64, M_COUNTS = 72,
+    M_N_PREFIX = 48, M_N_CONTEXT = 52, M_TOTAL_KEPT = 56, M_KV_BYTES = 64,
+    M_PREFIX_REF = 72, /* version 2 only; counts follow the fixed part */
 };
+
+static unsigned meta_version(const kvz_blob_meta *m) { return m->version ? m->version : KVZ_BLOB_VERSION; }
+
+static size_t meta_fixed_size(unsigned version)
+{
+    return version >= 2 ? KVZ_BLOB_META_FIXED_SIZE_V2 : KVZ_BLOB_META_FIXED_SIZE;
+}
 
 /* rec_xxh3: XXH3-64 of the compressed bytes, seeded with XXH3-64 of header[0,48). */
 static uint64_t record_hash(const uint8_t *hdr, const uint8_t *comp, size_t comp_size)
@@ -56,6 +64,8 @@ size_t kvz_blob_dtype_size(uint8_t dtype)
     }
 }
 
+size_t kvz_blob_kv_row_bytes(const kvz_blob_meta *m) { return kvz_kv_row_bytes(m->dtype, m->head_dim); }
+
 uint64_t kvz_blob_layer_kept(const kvz_blob_meta *m, uint32_t l)
 {
     uint64_t s = 0;
@@ -72,7 +82,7 @@ void kvz_blob_layer_offsets(const kvz_blob_meta *m, uint32_t l, uint64_t *off)
 
 static uint64_t row_bytes(const kvz_blob_meta *m)
 {
-    return 4 + 2 * (uint64_t)m->head_dim * kvz_blob_dtype_size(m->dtype);
+    return 4 + 2 * (uint64_t)kvz_kv_row_bytes(m->dtype, m->head_dim);
 }
 
 uint64_t kvz_blob_layer_raw_size(const kvz_blob_meta *m, uint32_t l)
@@ -97,9 +107,18 @@ static const char *meta_problem(const kvz_blob_meta *m)
     if (m->n_head < 1 || m->n_head > KVZ_BLOB_MAX_HEADS) return "n_head out of range";
     if (m->n_head % m->n_kv_head) return "n_head not a multiple of n_kv_head";
     if (m->head_dim < 1 || m->head_dim > KVZ_BLOB_MAX_HEAD_DIM) return "head_dim out of range";
-    if (!kvz_blob_dtype_size(m->dtype)) return "unknown dtype";
+    const unsigned ver = meta_version(m);
+    if (ver < KVZ_BLOB_VERSION_MIN || ver > KVZ_BLOB_VERSION) return "unknown version";
+    const kvz_kvrow_codec *rc = kvz_kvrow_codec_get(m->dtype);
+    if (!rc || rc->min_blob_version > ver) return "unknown dtype";
+    if (!kvz_kv_row_bytes(m->dtype, m->head_dim)) return "head_dim not a multiple of 32 for q8/q4";
     if (m->mode > KVZ_MODE_UNIFORM) return "unknown mode";
-    if (m->prefix_policy > KVZ_PREFIX_NONE) return "unknown prefix policy";
+    if (m->prefix_policy > (ver >= 2 ? KVZ_PREFIX_SHARED : KVZ_PREFIX_NONE)) return "unknown prefix policy";
+    static const uint8_t zero[16];
+    if ((m->prefix_policy == KVZ_PREFIX_SHARED) == !memcmp(m->prefix_ref, zero, 16))
+        return m->prefix_policy == KVZ_PREFIX_SHARED ? "shared prefix without prefix_ref"
+                                                     : "prefix_ref set without a shared prefix";
+    if (m->prefix_policy == KVZ_PREFIX_SHARED && m->n_prefix == 0) return "shared prefix of 0 tokens";
     if (!(m->ratio > 0.0f && m->ratio <= 1.0f)) return "ratio not in (0, 1]";
     if (m->chunk < 1) return "chunk is 0";
     if ((uint64_t)m->n_prefix + m->n_context > KVZ_BLOB_MAX_TOKENS) return "too many tokens";
@@ -118,10 +137,11 @@ int kvz_blob_meta_validate(const kvz_blob_meta *m)
     return p ? kvz_error_set(KVZ_ERR_ARG, "kvz_blob: invalid meta: %s", p) : 0;
 }
 
-/* Fixed 72-byte part of the META payload; counts follow as u32 LE. */
-static void meta_fixed(const kvz_blob_meta *m, uint8_t b[KVZ_BLOB_META_FIXED_SIZE])
+/* Fixed part of the META payload (72 bytes in v1, 88 in v2); counts follow as u32 LE. */
+static void meta_fixed(const kvz_blob_meta *m, uint8_t b[KVZ_BLOB_META_FIXED_SIZE_V2])
 {
-    memset(b, 0, KVZ_BLOB_META_FIXED_SIZE);
+    memset(b, 0, KVZ_BLOB_META_FIXED_SIZE_V2);
+    if (meta_version(m) >= 2) memcpy(b + M_PREFIX_REF, m->prefix_ref, 16);
     memcpy(b + M_FP, m->fingerprint, 16);
     put32(b + M_N_LAYER, m->n_layer);
     put32(b + M_N_HEAD, m->n_head);
@@ -146,11 +166,11 @@ static size_t meta_counts_bytes(const kvz_blob_meta *m)
 
 uint64_t kvz_blob_meta_id(const kvz_blob_meta *m)
 {
-    uint8_t fixed[KVZ_BLOB_META_FIXED_SIZE];
+    uint8_t fixed[KVZ_BLOB_META_FIXED_SIZE_V2];
     meta_fixed(m, fixed);
     XXH3_state_t st;
     XXH3_64bits_reset(&st);
-    XXH3_64bits_update(&st, fixed, sizeof fixed);
+    XXH3_64bits_update(&st, fixed, meta_fixed_size(meta_version(m)));
     XXH3_64bits_update(&st, m->counts, meta_counts_bytes(m));
     return XXH3_64bits_digest(&st);
 }
@@ -206,8 +226,8 @@ static const char *positions_problem(const kvz_blob_meta *m, uint32_t l, const u
             if (i && p[i] <= p[i - 1]) return "positions not strictly ascending";
             if (m->prefix_policy == KVZ_PREFIX_KEEP && i < m->n_prefix && p[i] != i)
                 return "prefix positions are not 0..n_prefix-1";
-            if (m->prefix_policy == KVZ_PREFIX_NONE && p[i] < m->n_prefix)
-                return "prefix position stored under prefix policy NONE";
+            if (m->prefix_policy != KVZ_PREFIX_KEEP && p[i] < m->n_prefix)
+                return "prefix position stored under prefix policy NONE/SHARED";
         }
     }
     return NULL;
@@ -218,22 +238,34 @@ static const char *positions_problem(const kvz_blob_meta *m, uint32_t l, const u
 
 typedef struct { const void *p; size_t n; } piece;
 
-/* Compress the concatenation of pieces into header || zstd frame. */
-static int encode_record(uint8_t kind, uint32_t layer, uint64_t blob_id, const piece *pieces,
-                         size_t n_pieces, int level, uint8_t **out, size_t *out_len)
+/* The concatenation of pieces into header || payload: a zstd frame, or (version
+ * 2) the raw bytes when zstd is not asked for or saves too little. */
+static int encode_record(unsigned version, uint8_t kind, uint32_t layer, uint64_t blob_id,
+                         const piece *pieces, size_t n_pieces, int level, uint8_t **out,
+                         size_t *out_len)
 {
-    if (level == 0) level = KVZ_BLOB_DEFAULT_LEVEL;
+    const int try_zstd = version < 2 || level != KVZ_BLOB_LEVEL_NONE;
+    if (level == 0 || level == KVZ_BLOB_LEVEL_NONE) level = KVZ_BLOB_DEFAULT_LEVEL;
     if (level < 1 || level > ZSTD_maxCLevel())
         return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: zstd level %d out of range", level);
     uint64_t raw = 0;
     for (size_t i = 0; i < n_pieces; i++) raw += pieces[i].n;
     size_t bound = ZSTD_compressBound((size_t)raw);
     if (ZSTD_isError(bound)) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: payload too large");
+    if (bound < raw) bound = (size_t)raw;
     uint8_t *buf = malloc(KVZ_BLOB_HEADER_SIZE + bound);
-    ZSTD_CCtx *cc = ZSTD_createCCtx();
+    ZSTD_CCtx *cc = try_zstd ? ZSTD_createCCtx() : NULL;
     XXH3_state_t *hs = XXH3_createState();
     int err = 0;
-    if (!buf || !cc || !hs) { err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: encode"); goto done; }
+    uint8_t codec = KVZ_BLOB_CODEC_ZSTD;
+    if (!buf || (try_zstd && !cc) || !hs) { err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: encode"); goto done; }
+    ZSTD_outBuffer ob = {buf + KVZ_BLOB_HEADER_SIZE, bound, 0};
+    if (!try_zstd) {
+        XXH3_64bits_reset(hs);
+        for (size_t i = 0; i < n_pieces; i++)
+            if (pieces[i].n) XXH3_64bits_update(hs, pieces[i].p, pieces[i].n);
+        goto raw_payload;
+    }
 
     size_t zr;
     if (ZSTD_isError(zr = ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, level)) ||
@@ -244,7 +276,6 @@ static int encode_record(uint8_t kind, uint32_t layer, uint64_t blob_id, const p
         goto done;
     }
     XXH3_64bits_reset(hs);
-    ZSTD_outBuffer ob = {buf + KVZ_BLOB_HEADER_SIZE, bound, 0};
     for (size_t i = 0; i <= n_pieces; i++) {
         int last = i == n_pieces;
         ZSTD_inBuffer ib = {last ? NULL : pieces[i].p, last ? 0 : pieces[i].n, 0};
@@ -258,12 +289,22 @@ static int encode_record(uint8_t kind, uint32_t layer, uint64_t blob_id, const p
             if (last ? zr == 0 : ib.pos == ib.size) break;
         }
     }
+    /* zstd only where it pays: more than KVZ_BLOB_ZSTD_MIN_SAVING_PCT % smaller */
+    if (version >= 2 && (uint64_t)ob.pos * 100 >= raw * (100 - KVZ_BLOB_ZSTD_MIN_SAVING_PCT)) {
+raw_payload:
+        codec = KVZ_BLOB_CODEC_NONE;
+        ob.pos = 0;
+        for (size_t i = 0; i < n_pieces; i++) {
+            if (pieces[i].n) memcpy(buf + KVZ_BLOB_HEADER_SIZE + ob.pos, pieces[i].p, pieces[i].n);
+            ob.pos += pieces[i].n;
+        }
+    }
     uint8_t *h = buf;
     memset(h, 0, KVZ_BLOB_HEADER_SIZE);
     memcpy(h + H_MAGIC, KVZ_BLOB_MAGIC, 4);
-    put16(h + H_VERSION, KVZ_BLOB_VERSION);
+    put16(h + H_VERSION, (uint16_t)version);
     h[H_KIND] = kind;
-    h[H_CODEC] = KVZ_CODEC_ZSTD;
+    h[H_CODEC] = codec;
     put32(h + H_LAYER, layer);
     uint64_t raw_hash = XXH3_64bits_digest(hs);
     put64(h + H_BLOB_ID, kind == KVZ_BLOB_KIND_META ? raw_hash : blob_id);
@@ -289,10 +330,11 @@ int kvz_blob_encode_meta(const kvz_blob_meta *m, int level, uint8_t **out, size_
     *out_len = 0;
     int err = kvz_blob_meta_validate(m);
     if (err) return err;
-    uint8_t fixed[KVZ_BLOB_META_FIXED_SIZE];
+    uint8_t fixed[KVZ_BLOB_META_FIXED_SIZE_V2];
     meta_fixed(m, fixed);
-    piece pc[2] = {{fixed, sizeof fixed}, {m->counts, meta_counts_bytes(m)}};
-    return encode_record(KVZ_BLOB_KIND_META, KVZ_BLOB_META_LAYER, 0, pc, 2, level, out, out_len);
+    const unsigned ver = meta_version(m);
+    piece pc[2] = {{fixed, meta_fixed_size(ver)}, {m->counts, meta_counts_bytes(m)}};
+    return encode_record(ver, KVZ_BLOB_KIND_META, KVZ_BLOB_META_LAYER, 0, pc, 2, level, out, out_len);
 }
 
 int kvz_blob_encode_layer_heads(const kvz_blob_meta *m, uint32_t l, const uint32_t *const *pos,
@@ -313,8 +355,12 @@ int kvz_blob_encode_layer_heads(const kvz_blob_meta *m, uint32_t l, const uint32
             return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL array for head %u", h);
     const char *p = positions_problem(m, l, pos);
     if (p) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: layer %u: %s", l, p);
+    for (uint32_t h = 0; h < H; h++) /* q8/q4 scale blocks a reader would reject */
+        if (cnt[h] && (kvz_kvrow_check(m->dtype, k[h], cnt[h], m->head_dim, NULL) ||
+                       kvz_kvrow_check(m->dtype, v[h], cnt[h], m->head_dim, NULL)))
+            return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: layer %u head %u: %s", l, h, kvz_error_detail());
 
-    size_t rowkv = (size_t)m->head_dim * kvz_blob_dtype_size(m->dtype);
+    size_t rowkv = kvz_blob_kv_row_bytes(m);
     piece *pc = malloc(sizeof(piece) * 3 * H);
     if (!pc) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: encode");
     for (uint32_t h = 0; h < H; h++) {
@@ -322,8 +368,8 @@ int kvz_blob_encode_layer_heads(const kvz_blob_meta *m, uint32_t l, const uint32
         pc[H + h] = (piece){k[h], (size_t)cnt[h] * rowkv};
         pc[2 * H + h] = (piece){v[h], (size_t)cnt[h] * rowkv};
     }
-    err = encode_record(KVZ_BLOB_KIND_LAYER, l, kvz_blob_meta_id(m), pc, 3 * (size_t)H, level, out,
-                        out_len);
+    err = encode_record(meta_version(m), KVZ_BLOB_KIND_LAYER, l, kvz_blob_meta_id(m), pc, 3 * (size_t)H,
+                        level, out, out_len);
     free(pc);
     return err;
 }
@@ -346,7 +392,7 @@ int kvz_blob_encode_layer(const kvz_blob_meta *m, uint32_t l, const uint32_t *po
         free(off); free(ptrs);
         return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL flat array");
     }
-    size_t rowkv = (size_t)m->head_dim * kvz_blob_dtype_size(m->dtype);
+    size_t rowkv = kvz_blob_kv_row_bytes(m);
     for (uint32_t h = 0; h < H; h++) {
         int any = off[h + 1] > off[h];
         ptrs[h] = any ? pos + off[h] : NULL;
@@ -372,9 +418,9 @@ int kvz_blob_check(const uint8_t *rec, size_t len, kvz_blob_info *info)
     if (memcmp(rec + H_MAGIC, KVZ_BLOB_MAGIC, 4))
         return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: bad magic (not a KVZB record)");
     uint16_t ver = get16(rec + H_VERSION);
-    if (ver != KVZ_BLOB_VERSION)
-        return kvz_error_set(KVZ_ERR_VERSION, "kvz_blob: format version %u, this build reads %u",
-                             ver, KVZ_BLOB_VERSION);
+    if (ver < KVZ_BLOB_VERSION_MIN || ver > KVZ_BLOB_VERSION)
+        return kvz_error_set(KVZ_ERR_VERSION, "kvz_blob: format version %u, this build reads %u..%u",
+                             ver, KVZ_BLOB_VERSION_MIN, KVZ_BLOB_VERSION);
     uint64_t comp = get64(rec + H_COMP_SIZE);
     if (comp > len - KVZ_BLOB_HEADER_SIZE)
         return kvz_error_set(KVZ_ERR_TRUNCATED, "kvz_blob: header says %llu compressed bytes, "
@@ -391,8 +437,13 @@ int kvz_blob_check(const uint8_t *rec, size_t len, kvz_blob_info *info)
     uint32_t layer = get32(rec + H_LAYER);
     if (kind != KVZ_BLOB_KIND_META && kind != KVZ_BLOB_KIND_LAYER)
         return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: unknown record kind %u", kind);
-    if (rec[H_CODEC] != KVZ_CODEC_ZSTD)
-        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: unknown codec %u", rec[H_CODEC]);
+    const uint8_t codec = rec[H_CODEC];
+    if (codec != KVZ_BLOB_CODEC_ZSTD && (ver < 2 || codec != KVZ_BLOB_CODEC_NONE))
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: unknown codec %u for version %u", codec, ver);
+    if (codec == KVZ_BLOB_CODEC_NONE && get64(rec + H_RAW_SIZE) != comp)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: codec none with %llu stored bytes for a "
+                             "%llu-byte payload", (unsigned long long)comp,
+                             (unsigned long long)get64(rec + H_RAW_SIZE));
     if (get32(rec + H_RESERVED))
         return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: reserved header bytes are not zero");
     if (kind == KVZ_BLOB_KIND_META ? layer != KVZ_BLOB_META_LAYER : layer >= KVZ_BLOB_MAX_LAYERS)
@@ -404,6 +455,8 @@ int kvz_blob_check(const uint8_t *rec, size_t len, kvz_blob_info *info)
         info->raw_size = get64(rec + H_RAW_SIZE);
         info->comp_size = comp;
         info->raw_xxh3 = get64(rec + H_RAW_XXH3);
+        info->version = ver;
+        info->codec = codec;
     }
     return 0;
 }
@@ -418,25 +471,29 @@ int kvz_blob_decode_meta(const uint8_t *rec, size_t len, const uint8_t *expected
     if (err) return err;
     if (in.kind != KVZ_BLOB_KIND_META)
         return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: expected a META record, got kind %u", in.kind);
-    uint64_t max_raw = KVZ_BLOB_META_FIXED_SIZE + 4ull * KVZ_BLOB_MAX_LAYERS * KVZ_BLOB_MAX_HEADS;
-    if (in.raw_size < KVZ_BLOB_META_FIXED_SIZE || in.raw_size > max_raw ||
-        (in.raw_size - KVZ_BLOB_META_FIXED_SIZE) % 4)
+    const uint64_t fixed = meta_fixed_size(in.version);
+    uint64_t max_raw = fixed + 4ull * KVZ_BLOB_MAX_LAYERS * KVZ_BLOB_MAX_HEADS;
+    if (in.raw_size < fixed || in.raw_size > max_raw || (in.raw_size - fixed) % 4)
         return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META payload size %llu invalid",
                              (unsigned long long)in.raw_size);
     if (in.blob_id != in.raw_xxh3)
         return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META blob id differs from its payload hash");
     const uint8_t *comp = rec + KVZ_BLOB_HEADER_SIZE;
-    unsigned long long fcs = ZSTD_getFrameContentSize(comp, in.comp_size);
-    if (fcs != in.raw_size)
-        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META zstd frame content size %llu, header "
-                             "says %llu", fcs, (unsigned long long)in.raw_size);
-    uint8_t *raw = malloc(in.raw_size);
-    if (!raw) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: META payload");
-    size_t zr = ZSTD_decompress(raw, in.raw_size, comp, in.comp_size);
-    if (ZSTD_isError(zr) || zr != in.raw_size) {
-        err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META zstd frame: %s",
-                            ZSTD_isError(zr) ? ZSTD_getErrorName(zr) : "wrong size");
-        goto fail;
+    uint8_t *buf = NULL;        /* zstd: the decompressed payload */
+    const uint8_t *raw = comp;  /* codec none: the payload in place */
+    if (in.codec == KVZ_BLOB_CODEC_ZSTD) {
+        unsigned long long fcs = ZSTD_getFrameContentSize(comp, in.comp_size);
+        if (fcs != in.raw_size)
+            return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META zstd frame content size %llu, header "
+                                 "says %llu", fcs, (unsigned long long)in.raw_size);
+        if (!(buf = malloc(in.raw_size))) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: META payload");
+        size_t zr = ZSTD_decompress(buf, in.raw_size, comp, in.comp_size);
+        if (ZSTD_isError(zr) || zr != in.raw_size) {
+            err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META zstd frame: %s",
+                                ZSTD_isError(zr) ? ZSTD_getErrorName(zr) : "wrong size");
+            goto fail;
+        }
+        raw = buf;
     }
     if (XXH3_64bits(raw, in.raw_size) != in.raw_xxh3) {
         err = kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: META payload checksum mismatch");
@@ -455,20 +512,22 @@ int kvz_blob_decode_meta(const uint8_t *rec, size_t len, const uint8_t *expected
     m->overlap = get32(raw + M_OVERLAP);
     m->n_prefix = get32(raw + M_N_PREFIX);
     m->n_context = get32(raw + M_N_CONTEXT);
+    m->version = in.version;
+    if (in.version >= 2) memcpy(m->prefix_ref, raw + M_PREFIX_REF, 16);
     if (raw[M_RESERVED]) {
         err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META reserved byte is not zero");
         goto fail;
     }
     if (m->n_layer < 1 || m->n_layer > KVZ_BLOB_MAX_LAYERS || m->n_kv_head < 1 ||
         m->n_kv_head > KVZ_BLOB_MAX_HEADS ||
-        in.raw_size != KVZ_BLOB_META_FIXED_SIZE + 4ull * m->n_layer * m->n_kv_head) {
+        in.raw_size != fixed + 4ull * m->n_layer * m->n_kv_head) {
         err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META dims (%u layers, %u kv heads) do not "
                             "match its size", m->n_layer, m->n_kv_head);
         goto fail;
     }
     m->counts = malloc(meta_counts_bytes(m));
     if (!m->counts) { err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: META counts"); goto fail; }
-    memcpy(m->counts, raw + M_COUNTS, meta_counts_bytes(m));
+    memcpy(m->counts, raw + fixed, meta_counts_bytes(m));
     const char *p = meta_problem(m);
     if (p) { err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: META invalid: %s", p); goto fail; }
     if (get64(raw + M_TOTAL_KEPT) != total_kept(m) || get64(raw + M_KV_BYTES) != kvz_blob_kv_bytes(m)) {
@@ -486,10 +545,10 @@ int kvz_blob_decode_meta(const uint8_t *rec, size_t len, const uint8_t *expected
         err = kvz_error_set(KVZ_ERR_MODEL, "kvz_blob: made by model %s, running model %s", a, b);
         goto fail;
     }
-    free(raw);
+    free(buf);
     return 0;
 fail:
-    free(raw);
+    free(buf);
     kvz_blob_meta_free(m);
     return err;
 }
@@ -506,6 +565,9 @@ int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec
         return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: expected a LAYER record, got kind %u", in.kind);
     if (in.layer != l)
         return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: record is layer %u, wanted %u", in.layer, l);
+    if (in.version != meta_version(m))
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u is version %u, its META version %u",
+                             l, in.version, meta_version(m));
     if (in.blob_id != kvz_blob_meta_id(m))
         return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u belongs to another blob", l);
     uint64_t kept = kvz_blob_layer_kept(m, l);
@@ -515,15 +577,28 @@ int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec
     if (kept && (!pos || !k || !v)) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL output array");
 
     const uint8_t *comp = rec + KVZ_BLOB_HEADER_SIZE;
+    size_t kvb = (size_t)kept * kvz_blob_kv_row_bytes(m);
+    struct { void *p; size_t n; } seg[3] = {{pos, (size_t)kept * 4}, {k, kvb}, {v, kvb}};
+    ZSTD_DCtx *dc = NULL;
+    XXH3_state_t *hs = NULL;
+    if (in.codec == KVZ_BLOB_CODEC_NONE) { /* raw payload (comp_size == raw_size, checked) */
+        size_t o = 0;
+        for (int s = 0; s < 3; s++) {
+            if (seg[s].n) memcpy(seg[s].p, comp + o, seg[s].n);
+            o += seg[s].n;
+        }
+        if (XXH3_64bits(comp, in.comp_size) != in.raw_xxh3) {
+            err = kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: layer %u payload checksum mismatch", l);
+            goto done;
+        }
+        goto placed;
+    }
     unsigned long long fcs = ZSTD_getFrameContentSize(comp, in.comp_size);
     if (fcs != in.raw_size)
         return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u zstd frame content size %llu, "
                              "header says %llu", l, fcs, (unsigned long long)in.raw_size);
-    size_t kvb = (size_t)kept * m->head_dim * kvz_blob_dtype_size(m->dtype);
-    struct { void *p; size_t n; } seg[3] = {{pos, (size_t)kept * 4}, {k, kvb}, {v, kvb}};
-
-    ZSTD_DCtx *dc = ZSTD_createDCtx();
-    XXH3_state_t *hs = XXH3_createState();
+    dc = ZSTD_createDCtx();
+    hs = XXH3_createState();
     if (!dc || !hs) { err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: decode"); goto done; }
     XXH3_64bits_reset(hs);
     ZSTD_inBuffer ib = {comp, in.comp_size, 0};
@@ -563,6 +638,7 @@ int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec
         err = kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: layer %u payload checksum mismatch", l);
         goto done;
     }
+placed:
     {
         uint32_t H = m->n_kv_head;
         const uint32_t **hp = malloc(sizeof(*hp) * H);
@@ -571,8 +647,16 @@ int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec
         for (uint32_t h = 0; h < H; h++) { hp[h] = pos ? pos + o : NULL; o += m->counts[(size_t)l * H + h]; }
         const char *p = positions_problem(m, l, hp);
         free(hp);
-        if (p) err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u: %s", l, p);
+        if (p) { err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u: %s", l, p); goto done; }
     }
+    uint64_t bad;
+    for (int s = 1; s < 3 && kept; s++) /* q8/q4: never hand out a NaN/Inf/negative scale */
+        if (kvz_kvrow_check(m->dtype, seg[s].p, kept, m->head_dim, &bad)) {
+            err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u %s row %llu: bad %s scale block "
+                                "(NaN, Inf or negative scale, or q8 value -128)", l, s == 1 ? "K" : "V",
+                                (unsigned long long)bad, kvz_kv_dtype_name(m->dtype));
+            goto done;
+        }
 done:
     ZSTD_freeDCtx(dc);
     XXH3_freeState(hs);

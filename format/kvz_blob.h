@@ -1,13 +1,18 @@
 /**
  * @file kvz_blob.h
- * @brief Versioned, checksummed, zstd-compressed blob format for one document's
- *        compressed KV cache (byte-level spec: docs/FORMAT.md).
+ * @brief Versioned, checksummed blob format for one document's compressed KV
+ *        cache (byte-level spec: docs/FORMAT.md). Writers write version 2;
+ *        readers read versions 1 and 2.
  *
  * A blob is one META record plus one LAYER record per model layer. Every record
  * is self-contained and independently verifiable, so a query can stream layers
  * one by one out of the store:
  *
- *     record = header (56 bytes, little-endian) || zstd frame (comp_size bytes)
+ *     record = header (56 bytes, little-endian) || payload (comp_size bytes)
+ *
+ * The payload is one zstd frame (codec zstd) or the raw bytes (codec none,
+ * version 2 only): the encoder measures zstd on every record and keeps it only
+ * when it saves more than KVZ_BLOB_ZSTD_MIN_SAVING_PCT percent.
  *
  * The header carries the magic "KVZB", the format version, the record kind, the
  * layer index, the blob id (ties each LAYER record to its META record), the
@@ -19,8 +24,12 @@
  *   c[l][h]                 kept pairs of that head (includes the n_prefix system
  *                           prefix pairs when prefix_policy == KVZ_PREFIX_KEEP)
  *   pos  u32 (c)            original token positions, strictly ascending
- *   K    dtype (c, head_dim) post-RoPE keys
- *   V    dtype (c, head_dim) values
+ *   K    rows (c, row bytes) post-RoPE keys, stored type dtype (common/kvz_kvdtype.h:
+ *                           f32/f16/bf16, or q8/q4 rows with their scale blocks)
+ *   V    rows (c, row bytes) values
+ * With prefix policy SHARED (version 2) the n_prefix system-prefix pairs are not
+ * in the blob: they are stored once, as a blob of their own (n_context 0, policy
+ * KEEP) whose content hash is meta.prefix_ref, and the reader prepends them.
  * A layer's flat head-major arrays concatenate the heads: head h starts at row
  * off[h] = c[l][0] + ... + c[l][h-1]; see kvz_blob_layer_offsets(). Queries
  * continue at position n_prefix + n_context.
@@ -43,12 +52,16 @@ extern "C" {
 /* Constants                                                                   */
 
 #define KVZ_BLOB_MAGIC "KVZB"           /**< 4 bytes at offset 0 of every record */
-#define KVZ_BLOB_VERSION 1u             /**< the only version this build reads/writes */
+#define KVZ_BLOB_VERSION 2u             /**< the version writers write (meta.version 0) */
+#define KVZ_BLOB_VERSION_MIN 1u         /**< oldest version this build reads */
 #define KVZ_BLOB_HEADER_SIZE 56u        /**< fixed record header size, bytes */
-#define KVZ_BLOB_META_FIXED_SIZE 72u    /**< META payload bytes before the counts */
+#define KVZ_BLOB_META_FIXED_SIZE 72u    /**< version 1: META payload bytes before the counts */
+#define KVZ_BLOB_META_FIXED_SIZE_V2 88u /**< version 2: the same + prefix_ref[16] */
 #define KVZ_BLOB_PARAMS_SIZE 16u        /**< bytes of kvz_blob_params_bytes() */
 #define KVZ_BLOB_META_LAYER 0xFFFFFFFFu /**< layer field of a META record */
 #define KVZ_BLOB_DEFAULT_LEVEL 3        /**< default zstd level */
+#define KVZ_BLOB_LEVEL_NONE (-1)        /**< level argument: codec none, no zstd attempt (v2) */
+#define KVZ_BLOB_ZSTD_MIN_SAVING_PCT 5  /**< zstd kept only if the frame is < 95% of the raw bytes */
 
 /* Reader limits: a header outside them is rejected with KVZ_ERR_FORMAT before
  * anything is allocated. They are far above any real model. */
@@ -60,8 +73,15 @@ extern "C" {
 /** Record kinds (header byte 6). */
 typedef enum { KVZ_BLOB_KIND_META = 1, KVZ_BLOB_KIND_LAYER = 2 } kvz_blob_kind;
 
-/** KV element types. Element size: f32 4, f16 2, bf16 2 bytes (little-endian). */
-typedef enum { KVZ_DTYPE_F32 = 0, KVZ_DTYPE_F16 = 1, KVZ_DTYPE_BF16 = 2 } kvz_blob_dtype;
+/** Payload codecs (header byte 7). Version 1 knows only zstd. */
+typedef enum { KVZ_BLOB_CODEC_NONE = 0, KVZ_BLOB_CODEC_ZSTD = 1 } kvz_blob_codec;
+
+/** Stored KV row types: the numbering of common/kvz_kvdtype.h (f32 4, f16 2, bf16
+ *  2 bytes per element; q8/q4 rows with scale blocks, version 2 only, head_dim a
+ *  multiple of 32). Row bytes: kvz_kv_row_bytes() / kvz_blob_kv_row_bytes(). */
+typedef enum {
+    KVZ_DTYPE_F32 = 0, KVZ_DTYPE_F16 = 1, KVZ_DTYPE_BF16 = 2, KVZ_DTYPE_Q8 = 3, KVZ_DTYPE_Q4 = 4
+} kvz_blob_dtype;
 
 /** Eviction mode of the pipeline that produced the blob. */
 typedef enum {
@@ -75,6 +95,9 @@ typedef enum {
                               positions are exactly 0..n_prefix-1 */
     KVZ_PREFIX_NONE = 1, /**< not stored (the runtime re-prefills them): every
                               position is >= n_prefix */
+    KVZ_PREFIX_SHARED = 2, /**< version 2: stored once in the prefix blob named by
+                                prefix_ref (shared by every document of the model);
+                                this blob holds context pairs only (positions >= n_prefix) */
 } kvz_blob_prefix;
 
 /**
@@ -99,6 +122,12 @@ typedef struct kvz_blob_meta {
      *  For encoding: caller-owned, read only. After kvz_blob_decode_meta():
      *  malloc'd by the library, release with kvz_blob_meta_free(). */
     uint32_t *counts;
+    /* Fields added with version 2 (at the end, so positional initialisers of the
+     * fields above keep working; zero-initialised = a version-2 blob without a
+     * shared prefix). */
+    uint8_t prefix_ref[16]; /**< SHARED: content hash of the prefix blob; else all 0 */
+    uint16_t version;       /**< record version: 0 = KVZ_BLOB_VERSION when encoding;
+                                 set by kvz_blob_decode_meta() */
 } kvz_blob_meta;
 
 /** What kvz_blob_check() learns from a record header (after verifying it). */
@@ -109,13 +138,19 @@ typedef struct kvz_blob_info {
     uint64_t raw_size;  /**< uncompressed payload bytes */
     uint64_t comp_size; /**< compressed bytes after the header */
     uint64_t raw_xxh3;  /**< XXH3-64 of the uncompressed payload */
+    uint16_t version;   /**< 1 or 2 */
+    uint8_t codec;      /**< kvz_blob_codec */
 } kvz_blob_info;
 
 /* ------------------------------------------------------------------------- */
 /* Helpers                                                                     */
 
-/** Element size in bytes of a kvz_blob_dtype (4, 2, 2), 0 if unknown. */
+/** Element size in bytes of f32/f16/bf16 (4, 2, 2); 0 for q8/q4 (no whole-byte
+ *  element) and unknown types. Size buffers with kvz_blob_kv_row_bytes(). */
 size_t kvz_blob_dtype_size(uint8_t dtype);
+
+/** Bytes of one stored K (or V) row of @p m: kvz_kv_row_bytes(dtype, head_dim). */
+size_t kvz_blob_kv_row_bytes(const kvz_blob_meta *m);
 
 /**
  * Validate a meta struct (dims within the limits, n_head % n_kv_head == 0,
@@ -136,7 +171,7 @@ uint64_t kvz_blob_layer_kept(const kvz_blob_meta *m, uint32_t l);
  */
 void kvz_blob_layer_offsets(const kvz_blob_meta *m, uint32_t l, uint64_t *off);
 
-/** Uncompressed LAYER payload bytes of layer l: kept * (4 + 2*head_dim*esize). */
+/** Uncompressed LAYER payload bytes of layer l: kept * (4 + 2*row bytes). */
 uint64_t kvz_blob_layer_raw_size(const kvz_blob_meta *m, uint32_t l);
 
 /** Uncompressed bytes of all layers (positions + K + V) of the kept pairs. */
@@ -174,7 +209,11 @@ void kvz_blob_meta_free(kvz_blob_meta *m);
 /**
  * Encode the META record.
  * @param m      valid meta (counts caller-owned).
- * @param level  zstd level (1..ZSTD_maxCLevel(), or 0 for KVZ_BLOB_DEFAULT_LEVEL).
+ * Writes version m->version (0: KVZ_BLOB_VERSION). Version 2 measures zstd on
+ * the payload and writes codec none unless zstd saves more than
+ * KVZ_BLOB_ZSTD_MIN_SAVING_PCT %; version 1 always writes zstd.
+ * @param level  zstd level (1..ZSTD_maxCLevel(), or 0 for KVZ_BLOB_DEFAULT_LEVEL),
+ *               or KVZ_BLOB_LEVEL_NONE: codec none without trying zstd (version 2).
  * @param out    out: malloc'd record; caller frees with free().
  * @param out_len out: record bytes.
  * @return 0, KVZ_ERR_ARG (invalid meta/level/NULL), KVZ_ERR_NOMEM, KVZ_ERR_ZSTD
@@ -186,8 +225,9 @@ int kvz_blob_encode_meta(const kvz_blob_meta *m, int level, uint8_t **out, size_
  * Encode LAYER record @p l from per-head arrays (no copying into a flat buffer).
  * @param pos  n_kv_head pointers; pos[h]: u32 (counts[l][h]) positions, strictly
  *             ascending, < n_prefix + n_context, honouring the prefix policy.
- * @param k    n_kv_head pointers; k[h]: dtype (counts[l][h], head_dim) keys, post-RoPE.
- * @param v    n_kv_head pointers; v[h]: dtype (counts[l][h], head_dim) values.
+ * @param k    n_kv_head pointers; k[h]: (counts[l][h], row bytes) stored-type key rows, post-RoPE.
+ * @param v    n_kv_head pointers; v[h]: (counts[l][h], row bytes) value rows.
+ *             q8/q4 rows come from kvz_kvrow_encode() (format/kvz_kvrow.h).
  *             Pointers of heads with count 0 may be NULL.
  * @return 0, KVZ_ERR_ARG (invalid meta, l >= n_layer, NULL array, positions not
  *         ascending / out of range / prefix policy violated), KVZ_ERR_NOMEM,
@@ -201,7 +241,7 @@ int kvz_blob_encode_layer_heads(const kvz_blob_meta *m, uint32_t l, const uint32
  * Encode LAYER record @p l from flat head-major arrays (rows of head h start at
  * kvz_blob_layer_offsets()[h]). Same bytes as kvz_blob_encode_layer_heads().
  * @param pos  u32 (kept) positions.
- * @param k    dtype (kept, head_dim) keys.   @param v dtype (kept, head_dim) values.
+ * @param k    (kept, row bytes) key rows.   @param v (kept, row bytes) value rows.
  * @return as kvz_blob_encode_layer_heads().
  */
 int kvz_blob_encode_layer(const kvz_blob_meta *m, uint32_t l, const uint32_t *pos, const void *k,
@@ -211,8 +251,9 @@ int kvz_blob_encode_layer(const kvz_blob_meta *m, uint32_t l, const uint32_t *po
 /* Decoding. Input is untrusted: any bytes give an error code, never a crash.  */
 
 /**
- * Verify a record's framing without decompressing: length, magic, version,
- * record checksum, kind, codec, reserved bytes, size limits.
+ * Verify a record's framing without decompressing: length, magic, version
+ * (1 or 2), record checksum, kind, codec (known for the version; codec none:
+ * comp_size == raw_size), reserved bytes, size limits.
  * Checks, in order: len < header -> TRUNCATED; magic -> FORMAT; version ->
  * VERSION; record checksum mismatch -> TRUNCATED if the header says more bytes
  * than @p len holds, else CHECKSUM; then kind/codec/reserved/trailing bytes -> FORMAT.
@@ -239,14 +280,18 @@ int kvz_blob_decode_meta(const uint8_t *rec, size_t len, const uint8_t *expected
 /**
  * Decode LAYER record @p l of the blob described by @p m (from
  * kvz_blob_decode_meta) straight into caller-provided flat head-major arrays,
- * streaming (no intermediate buffer of the payload).
+ * streaming (no intermediate buffer of the payload). The rows stay in the stored
+ * type (q8/q4 are not dequantised here: kvz_kvrow_decode() or a GPU kernel does
+ * that), but every q8/q4 scale block is validated, so a success never hands out
+ * a NaN/Inf/negative scale.
  * @param pos  out, u32 (kvz_blob_layer_kept(m, l)).
- * @param k    out, dtype (kept, head_dim).  @param v out, dtype (kept, head_dim).
+ * @param k    out, (kept, kvz_blob_kv_row_bytes(m)) bytes.  @param v out, the same.
  *             On error their contents are unspecified.
  * @return 0; kvz_blob_check() errors; KVZ_ERR_ARG (NULL, l out of range);
  *         KVZ_ERR_FORMAT (not a LAYER record, other layer index, blob id of
  *         another META, size not what the counts imply, zstd frame invalid,
- *         positions not ascending / out of range / prefix policy violated);
+ *         positions not ascending / out of range / prefix policy violated,
+ *         record version differs from the META's, bad q8/q4 scale block);
  *         KVZ_ERR_CHECKSUM (payload hash); KVZ_ERR_NOMEM.
  */
 int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len,

@@ -6,7 +6,7 @@
 
 #include "kvz_error.h"
 #include "kvz_generate.h"
-#include "kvz_quant.h"
+#include "kvz_kvrow.h"
 #ifdef KVZ_HAVE_CUDA
 #include "kvz_model_impl.h" /* kvz_cuda_kvzip_select: selection + compaction on the device */
 #endif
@@ -52,32 +52,6 @@ static void fill_meta(const kvz_model *m, const kvz_ingest_opts *o, int32_t n_pr
     bm->counts = counts;
 }
 
-/* fp32 rows -> stored dtype */
-static void convert_rows(uint8_t dtype, const float *src, void *dst, size_t n)
-{
-    if (dtype == KVZ_DTYPE_F32) {
-        memcpy(dst, src, n * sizeof(float));
-    } else if (dtype == KVZ_DTYPE_F16) {
-        uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = kvz_fp32_to_fp16(src[i]);
-    } else {
-        uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++) d[i] = kvz_fp32_to_bf16(src[i]);
-    }
-}
-
-static void rows_to_f32(uint8_t dtype, const void *src, float *dst, size_t n)
-{
-    if (dtype == KVZ_DTYPE_F32) {
-        memcpy(dst, src, n * sizeof(float));
-    } else if (dtype == KVZ_DTYPE_F16) {
-        const uint16_t *s = src;
-        for (size_t i = 0; i < n; i++) dst[i] = kvz_fp16_to_fp32(s[i]);
-    } else {
-        const uint16_t *s = src;
-        for (size_t i = 0; i < n; i++) dst[i] = kvz_bf16_to_fp32(s[i]);
-    }
-}
 
 int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *source_path,
                    const int32_t *ctx, int32_t n_ctx, const kvz_ingest_opts *o,
@@ -92,8 +66,11 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
     if (n_ctx > kvz_ingest_max_part_tokens(m))
         return kvz_error_set(KVZ_ERR_CONTEXT, "%d tokens exceed the %d-token part limit", n_ctx,
                              kvz_ingest_max_part_tokens(m));
-    const size_t esz = kvz_blob_dtype_size(o->dtype);
-    if (!esz) return kvz_error_set(KVZ_ERR_ARG, "unknown KV dtype %u", o->dtype);
+    /* bytes of one stored K (or V) row; dtype conversion: format/kvz_kvrow.h */
+    const size_t rb = kvz_kv_row_bytes(o->dtype, (size_t)c->head_dim);
+    if (!rb)
+        return kvz_error_set(KVZ_ERR_ARG, "KV dtype %u cannot hold the model's head_dim %d "
+                             "(q8/q4 need a multiple of %d)", o->dtype, c->head_dim, KVZ_KV_QGROUP);
 
     kvz_tokens all = {0};
     int rc = kvz_chat_prefix(tok, &all);
@@ -108,7 +85,7 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
     res->n_prefix = n_prefix;
     res->n_ctx = n_ctx;
     res->pairs_total = (int64_t)nlh * n_ctx;
-    res->bytes_full = (uint64_t)nlh * (uint64_t)(n_prefix + n_ctx) * 2u * hd * esz;
+    res->bytes_full = (uint64_t)nlh * (uint64_t)(n_prefix + n_ctx) * 2u * rb;
 
     uint32_t *counts = calloc((size_t)nlh, sizeof *counts);
     kvz_blob_meta bm;
@@ -183,7 +160,7 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
     }
     res->pairs_kept = kept;
     for (int i = 0; i < nlh; i++) counts[i] += (uint32_t)n_prefix; /* prefix always kept */
-    res->bytes_kept = (uint64_t)(kept + (int64_t)nlh * n_prefix) * 2u * hd * esz;
+    res->bytes_kept = (uint64_t)(kept + (int64_t)nlh * n_prefix) * 2u * rb;
     info.bytes_kv_kept = res->bytes_kept;
 
     /* encode: one META + one LAYER record per layer */
@@ -193,8 +170,8 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
         uint32_t max_rows = 0;
         for (int i = 0; i < nlh; i++) max_rows = counts[i] > max_rows ? counts[i] : max_rows;
         uint32_t *pos = malloc(sizeof(uint32_t) * (size_t)max_rows * c->n_kv_head);
-        uint8_t *kb = malloc(esz * (size_t)max_rows * c->n_kv_head * hd);
-        uint8_t *vb = malloc(esz * (size_t)max_rows * c->n_kv_head * hd);
+        uint8_t *kb = malloc(rb * (size_t)max_rows * c->n_kv_head);
+        uint8_t *vb = malloc(rb * (size_t)max_rows * c->n_kv_head);
         float *kf = malloc(sizeof(float) * (size_t)(n_prefix + n_ctx) * hd);
         float *vf = malloc(sizeof(float) * (size_t)(n_prefix + n_ctx) * hd);
         int32_t *pf = malloc(sizeof(int32_t) * (size_t)(n_prefix + n_ctx));
@@ -207,7 +184,15 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
                 const uint32_t *dp;
                 const void *dk, *dv;
                 size_t len = 0;
-                rc = kvz_cuda_kv_export_layer(kv, l, o->dtype, &dp, &dk, &dv);
+                const int quant = o->dtype > KVZ_DTYPE_BF16; /* q8/q4: fp32 rows, quantised here */
+                rc = kvz_cuda_kv_export_layer(kv, l, quant ? KVZ_DTYPE_F32 : o->dtype, &dp, &dk, &dv);
+                if (!rc && quant) {
+                    const size_t n = kvz_blob_layer_kept(&bm, (uint32_t)l);
+                    if (!(rc = kvz_kvrow_encode(o->dtype, dk, n, (size_t)hd, kb)))
+                        rc = kvz_kvrow_encode(o->dtype, dv, n, (size_t)hd, vb);
+                    dk = kb;
+                    dv = vb;
+                }
                 if (!rc) rc = kvz_blob_encode_layer(&bm, (uint32_t)l, dp, dk, dv, o->zstd_level, &recs[l], &len);
                 srec[l].data = recs[l];
                 srec[l].len = len;
@@ -222,8 +207,9 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
                 for (int32_t j = 0; j < nrows; j++) {
                     if (!compact && j >= n_prefix && !kp[j - n_prefix]) continue;
                     pos[row] = (uint32_t)pf[j];
-                    convert_rows(o->dtype, kf + (size_t)j * hd, kb + row * hd * esz, (size_t)hd);
-                    convert_rows(o->dtype, vf + (size_t)j * hd, vb + row * hd * esz, (size_t)hd);
+                    if ((rc = kvz_kvrow_encode(o->dtype, kf + (size_t)j * hd, 1, (size_t)hd, kb + row * rb)) ||
+                        (rc = kvz_kvrow_encode(o->dtype, vf + (size_t)j * hd, 1, (size_t)hd, vb + row * rb)))
+                        break;
                     row++;
                 }
             }
@@ -253,6 +239,15 @@ done:
     return rc;
 }
 
+/* Prefix the error detail with the record it came from ("layer 3 record: ..."). */
+static int record_err(int rc, const char *what, uint32_t l)
+{
+    char d[400];
+    snprintf(d, sizeof d, "%s", kvz_error_detail());
+    if (l == KVZ_BLOB_META_LAYER) return kvz_error_set(rc, "%sMETA record: %s", what, d);
+    return kvz_error_set(rc, "%slayer %u record: %s", what, l, d);
+}
+
 int kvz_doc_load(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_rows,
                  int32_t out_slots, kvz_kv **out, kvz_doc_meta *meta)
 {
@@ -278,8 +273,11 @@ int kvz_doc_load(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
         if (rc == KVZ_ERR_NOTFOUND) kvz_error_set(rc, "no document '%s' in the store", doc_id);
         goto out;
     }
-    if ((rc = kvz_store_read_meta(r, meta->info.hash, &rec, &len))) goto out;
-    if ((rc = kvz_blob_decode_meta(rec, len, fp, &bm))) goto out;
+    if ((rc = kvz_store_read_meta(r, meta->info.hash, &rec, &len)) ||
+        (rc = kvz_blob_decode_meta(rec, len, fp, &bm))) {
+        rc = record_err(rc, "", KVZ_BLOB_META_LAYER);
+        goto out;
+    }
     if (bm.n_layer != (uint32_t)c->n_layer || bm.n_kv_head != (uint32_t)c->n_kv_head ||
         bm.head_dim != (uint32_t)c->head_dim || bm.n_head != (uint32_t)c->n_head) {
         rc = kvz_error_set(KVZ_ERR_FORMAT, "blob dims differ from the model's");
@@ -299,11 +297,11 @@ int kvz_doc_load(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
             if (bm.counts[l * bm.n_kv_head + h] > max_rows) max_rows = bm.counts[l * bm.n_kv_head + h];
     }
     if ((rc = kvz_kv_create(m, (int64_t)max_rows + extra_rows, out_slots, &kv))) goto out;
-    const size_t esz = kvz_blob_dtype_size(bm.dtype), hd = bm.head_dim;
+    const size_t rb = kvz_blob_kv_row_bytes(&bm), hd = bm.head_dim;
     pos = malloc(sizeof(uint32_t) * (max_layer + 1));
     pf = malloc(sizeof(int32_t) * (max_layer + 1));
-    kb = malloc(esz * (max_layer + 1) * hd);
-    vb = malloc(esz * (max_layer + 1) * hd);
+    kb = malloc(rb * (max_layer + 1));
+    vb = malloc(rb * (max_layer + 1));
     kf = malloc(sizeof(float) * (max_layer + 1) * hd);
     vf = malloc(sizeof(float) * (max_layer + 1) * hd);
     if (!pos || !pf || !kb || !vb || !kf || !vf) {
@@ -311,12 +309,15 @@ int kvz_doc_load(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
         goto out;
     }
     for (uint32_t l = 0; l < bm.n_layer; l++) {
-        if ((rc = kvz_store_read_layer(r, meta->info.hash, l, &rec, &len))) goto out;
-        if ((rc = kvz_blob_decode_layer(&bm, l, rec, len, pos, kb, vb))) goto out;
+        if ((rc = kvz_store_read_layer(r, meta->info.hash, l, &rec, &len)) ||
+            (rc = kvz_blob_decode_layer(&bm, l, rec, len, pos, kb, vb))) {
+            rc = record_err(rc, "", l);
+            goto out;
+        }
         const uint64_t n = kvz_blob_layer_kept(&bm, l);
         for (uint64_t i = 0; i < n; i++) pf[i] = (int32_t)pos[i];
-        rows_to_f32(bm.dtype, kb, kf, n * hd);
-        rows_to_f32(bm.dtype, vb, vf, n * hd);
+        if ((rc = kvz_kvrow_decode(bm.dtype, kb, n, hd, kf)) || (rc = kvz_kvrow_decode(bm.dtype, vb, n, hd, vf)))
+            goto out;
         if ((rc = kvz_kv_set_layer(kv, (int32_t)l, bm.counts + l * bm.n_kv_head, pf, kf, vf))) goto out;
     }
 out:

@@ -12,7 +12,7 @@
 #include "kvz_error.h"
 #include "kvz_generate.h"
 #include "kvz_kvdtype.h"
-#include "kvz_quant.h"
+#include "kvz_kvrow.h"
 #ifdef KVZ_HAVE_CUDA
 #include "kvz_cuda_loader.h"
 #endif
@@ -24,45 +24,6 @@ int kvz_load_threads(const kvz_load_opts *o)
     if (o && o->threads > 0) return o->threads > 64 ? 64 : o->threads;
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
-}
-
-static float h2f(const uint8_t *p) { return kvz_fp16_to_fp32((uint16_t)(p[0] | p[1] << 8)); }
-
-int kvz_kv_rows_to_f32(int dtype, int hd, const void *src, uint64_t n, float *dst)
-{
-    const size_t rb = kvz_kv_row_bytes(dtype, (size_t)(hd > 0 ? hd : 0));
-    if (!rb) return kvz_error_set(KVZ_ERR_ARG, "unknown KV dtype %d for head_dim %d", dtype, hd);
-    const size_t ne = (size_t)n * (size_t)hd;
-    if (dtype == KVZ_KV_F32) {
-        memcpy(dst, src, ne * sizeof(float));
-    } else if (dtype == KVZ_KV_F16) {
-        const uint16_t *s = src;
-        for (size_t i = 0; i < ne; i++) dst[i] = kvz_fp16_to_fp32(s[i]);
-    } else if (dtype == KVZ_KV_BF16) {
-        const uint16_t *s = src;
-        for (size_t i = 0; i < ne; i++) dst[i] = kvz_bf16_to_fp32(s[i]);
-    } else {
-        const int ng = hd / KVZ_KV_QGROUP;
-        for (uint64_t r = 0; r < n; r++) {
-            const uint8_t *row = (const uint8_t *)src + r * rb;
-            float *x = dst + r * (size_t)hd;
-            for (int g = 0; g < ng; g++) {
-                if (dtype == KVZ_KV_Q8) {
-                    const float d = h2f(row + 2 * g);
-                    const int8_t *q = (const int8_t *)(row + 2 * ng) + g * KVZ_KV_QGROUP;
-                    for (int e = 0; e < KVZ_KV_QGROUP; e++) x[g * KVZ_KV_QGROUP + e] = d * (float)q[e];
-                } else {
-                    const float d = h2f(row + 4 * g), m = h2f(row + 4 * g + 2);
-                    const uint8_t *q = row + 4 * ng + g * (KVZ_KV_QGROUP / 2);
-                    for (int e = 0; e < KVZ_KV_QGROUP; e += 2) {
-                        x[g * KVZ_KV_QGROUP + e] = fmaf(d, (float)(q[e / 2] & 15), m); /* one rounding, as the GPU */
-                        x[g * KVZ_KV_QGROUP + e + 1] = fmaf(d, (float)(q[e / 2] >> 4), m);
-                    }
-                }
-            }
-        }
-    }
-    return 0;
 }
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -157,8 +118,8 @@ static void *load_worker(void *arg)
             rc = kvz_blob_decode_layer(bm, l, rec, len, (uint32_t *)(s + 2 * vo), s, s + vo);
         } else if (!rc) {
             rc = kvz_blob_decode_layer(bm, l, rec, len, pu, kb, vb);
-            if (!rc) rc = kvz_kv_rows_to_f32(bm->dtype, (int)hd, kb, kept, kf);
-            if (!rc) rc = kvz_kv_rows_to_f32(bm->dtype, (int)hd, vb, kept, vf);
+            if (!rc) rc = kvz_kvrow_decode(bm->dtype, kb, kept, hd, kf);
+            if (!rc) rc = kvz_kvrow_decode(bm->dtype, vb, kept, hd, vf);
             /* u32 positions < 2^30 (blob limit) are the same int32 values */
             if (!rc)
                 rc = kvz_kv_set_layer(j->kv, (int32_t)l, bm->counts + (size_t)l * bm->n_kv_head, (const int32_t *)pu,

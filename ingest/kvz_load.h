@@ -44,14 +44,6 @@ int kvz_load_threads(const kvz_load_opts *o);
 int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_rows, int32_t out_slots,
                  const kvz_load_opts *o, kvz_kv **out, kvz_doc_meta *meta);
 
-/**
- * Stored rows -> fp32 on the host (the CPU path and the reference the GPU kernel is
- * tested against): @p n rows of @p hd elements of kvz_kv_dtype @p dtype, laid out as
- * common/kvz_kvdtype.h describes, into @p dst (n * hd floats).
- * @return 0, or KVZ_ERR_ARG for an unknown dtype or a head_dim it cannot hold.
- */
-int kvz_kv_rows_to_f32(int dtype, int hd, const void *src, uint64_t n, float *dst);
-
 #ifdef __cplusplus
 }
 #endif

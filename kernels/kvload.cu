@@ -114,7 +114,12 @@ extern "C" int kvz_cuda_kv_load(cudaStream_t s, const kvz_cuda_kv *kv, int dtype
 
 /* ---------------------------------------------------------------- quantized export */
 
-__device__ __forceinline__ uint16_t f2h_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
+/* f16 bits of a scale, saturated at +-65504 as format/kvz_kvrow.c does (finite input,
+ * finite scale) */
+__device__ __forceinline__ uint16_t f2h_bits(float f)
+{
+    return __half_as_ushort(__float2half_rn(fminf(fmaxf(f, -65504.f), 65504.f)));
+}
 
 /* one thread per 32-element group of one row (K and V: blockIdx.z) */
 template <int DT>

@@ -913,7 +913,7 @@ static void verify_blob(kvz_store *s, MDB_txn *txn, vstate *v, const uint8_t *ha
         found++;
         bytes += val.mv_size;
         const uint64_t kept = kvz_blob_layer_kept(&m, l);
-        const uint64_t kvb = kept * m.head_dim * kvz_blob_dtype_size(m.dtype);
+        const uint64_t kvb = kept * kvz_blob_kv_row_bytes(&m);
         if (kvb > (1ull << 32)) {
             problem(v, KVZ_ERR_FORMAT, "blob %s: layer %u claims %llu bytes", hx, l,
                     (unsigned long long)kvb);

@@ -66,7 +66,7 @@ tiny_docs() {
 }
 
 # KVZB record offsets in a data.mdb (all, in file order)
-kvzb_offsets() { grep -obUaP 'KVZB\x01\x00' "$1" | cut -d: -f1; }
+kvzb_offsets() { grep -obUaP 'KVZB[\x01\x02]\x00' "$1" | cut -d: -f1; }
 # flip_byte FILE OFFSET: xor one byte with 0x5a, in place
 flip_byte() {
   local b

@@ -1,10 +1,17 @@
 /* Blob format: golden bytes, exact round trip, and rejection of every truncation,
- * every single-byte flip, other versions, other models and resealed corruptions.
+ * every single-byte flip, other versions, other models and resealed corruptions;
+ * version 1 (blob_f32/f16.*: still read, and still written when asked) and
+ * version 2 (blob_v2_*.*: codec none/zstd, q8/q4 rows, shared prefix), and the
+ * KV row codecs of format/kvz_kvrow.h.
  * `fast_test_blob --write-golden DIR` regenerates tests/golden/blob_*. */
 #include "blob_fixture.h"
 #include "kvz_blob.h"
 #include "kvz_error.h"
+#include "kvz_kvrow.h"
+#include "kvz_quant.h"
 #include "kvz_test.h"
+
+#include <math.h>
 
 #include <stdint.h>
 #include <xxhash.h>
@@ -47,7 +54,12 @@ static uint8_t *concat(const fx_blob *b, int raw, size_t *n)
     uint8_t *out = malloc(cap + 1);
     *n = 0;
     for (int i = 0; i < 1 + FX_L; i++) {
-        if (!raw) { memcpy(out + *n, b->rec[i], b->len[i]); *n += b->len[i]; continue; }
+        if (!raw || b->rec[i][7] == KVZ_BLOB_CODEC_NONE) { /* record, or raw payload in place */
+            size_t o = raw ? KVZ_BLOB_HEADER_SIZE : 0;
+            memcpy(out + *n, b->rec[i] + o, b->len[i] - o);
+            *n += b->len[i] - o;
+            continue;
+        }
         size_t r = ZSTD_decompress(out + *n, cap - *n, b->rec[i] + KVZ_BLOB_HEADER_SIZE,
                                    b->len[i] - KVZ_BLOB_HEADER_SIZE);
         if (ZSTD_isError(r)) { free(out); return NULL; }
@@ -80,6 +92,454 @@ static int write_file(const char *path, const void *p, size_t n)
     return fclose(f) == 0 && ok ? 0 : -1;
 }
 
+static int decode_equals(const fx_blob *b, const fx_cache *c);
+static void reseal(uint8_t *rec, size_t len);
+static uint8_t *make_record(const uint8_t *hdr_from, const void *raw, size_t raw_n, size_t *len);
+/* ------------------------------------------------------------------------- */
+/* Version 2 fixture: head_dim 32 so that q8/q4 apply; K/V made from fp32 values
+ * through the row codecs; prefix KEEP or SHARED. */
+#define F2_L 2
+#define F2_H 2
+#define F2_HD 32
+#define F2_PREFIX 3
+#define F2_CONTEXT 12
+#define F2_ROWS (F2_PREFIX + F2_CONTEXT)
+
+typedef struct {
+    kvz_blob_meta meta;
+    uint32_t counts[F2_L * F2_H];
+    uint32_t pos[F2_L][F2_H * F2_ROWS];          /* (kept) */
+    float kf[F2_L][F2_H * F2_ROWS * F2_HD], vf[F2_L][F2_H * F2_ROWS * F2_HD]; /* (kept, hd) fp32 source */
+    uint8_t k[F2_L][F2_H * F2_ROWS * F2_HD * 4], v[F2_L][F2_H * F2_ROWS * F2_HD * 4]; /* (kept, row bytes) */
+    fx_blob b;
+} f2_cache;
+
+static int f2_make(f2_cache *c, uint8_t dtype, uint8_t policy)
+{
+    static const uint32_t keep_counts[F2_L * F2_H] = {7, 15, 9, 4};   /* KEEP: >= n_prefix */
+    static const uint32_t shared_counts[F2_L * F2_H] = {4, 12, 6, 0}; /* SHARED: context only */
+    memset(c, 0, sizeof *c);
+    memcpy(c->counts, policy == KVZ_PREFIX_SHARED ? shared_counts : keep_counts, sizeof c->counts);
+    kvz_blob_meta *m = &c->meta;
+    for (int i = 0; i < 16; i++) m->fingerprint[i] = (uint8_t)(0xB0 + i);
+    m->n_layer = F2_L;
+    m->n_head = 3 * F2_H;
+    m->n_kv_head = F2_H;
+    m->head_dim = F2_HD;
+    m->dtype = dtype;
+    m->mode = KVZ_MODE_UNIFORM;
+    m->prefix_policy = policy;
+    m->ratio = 0.3f;
+    m->chunk = 2000;
+    m->overlap = 8;
+    m->n_prefix = F2_PREFIX;
+    m->n_context = F2_CONTEXT;
+    m->counts = c->counts;
+    if (policy == KVZ_PREFIX_SHARED)
+        for (int i = 0; i < 16; i++) m->prefix_ref[i] = (uint8_t)(0x51 + 3 * i);
+    const uint32_t first = policy == KVZ_PREFIX_KEEP ? 0 : F2_PREFIX;
+    for (uint32_t l = 0; l < F2_L; l++) {
+        uint32_t row = 0;
+        for (uint32_t h = 0; h < F2_H; h++) {
+            const uint32_t n = c->counts[l * F2_H + h];
+            /* KEEP: the prefix, then the first context tokens; SHARED: every other one */
+            for (uint32_t i = 0; i < n; i++, row++) {
+                uint32_t j = policy == KVZ_PREFIX_KEEP ? i : first + (n <= F2_CONTEXT / 2 ? 2 * i : i);
+                c->pos[l][row] = j;
+                for (uint32_t d = 0; d < F2_HD; d++) { /* hashed: incompressible once quantised */
+                    uint32_t u = (d + 64 * j + 4096 * h + 65536 * l) * 2654435761u;
+                    u ^= u >> 15;
+                    u *= 2246822519u;
+                    u ^= u >> 13;
+                    c->kf[l][row * F2_HD + d] = ((float)(u >> 8) * 0x1p-24f - 0.5f) * 3.4f;
+                    c->vf[l][row * F2_HD + d] = ((float)(u & 0xffff) * 0x1p-16f - 0.4f) * 1.2f;
+                }
+            }
+        }
+        if (kvz_kvrow_encode(dtype, c->kf[l], row, F2_HD, c->k[l]) ||
+            kvz_kvrow_encode(dtype, c->vf[l], row, F2_HD, c->v[l]))
+            return -1;
+    }
+    int err = kvz_blob_encode_meta(m, 0, &c->b.rec[0], &c->b.len[0]);
+    for (uint32_t l = 0; l < F2_L && !err; l++)
+        err = kvz_blob_encode_layer(m, l, c->pos[l], c->k[l], c->v[l], 0, &c->b.rec[1 + l], &c->b.len[1 + l]);
+    return err;
+}
+
+/* the version-2 goldens: name, dtype, prefix policy */
+static const struct { const char *name; uint8_t dtype, policy; } V2G[] = {
+    {"f16", KVZ_DTYPE_F16, KVZ_PREFIX_KEEP},
+    {"q8", KVZ_DTYPE_Q8, KVZ_PREFIX_KEEP},
+    {"q4_shared", KVZ_DTYPE_Q4, KVZ_PREFIX_SHARED},
+};
+#define N_V2G (int)(sizeof V2G / sizeof V2G[0])
+
+static int write_golden_v2(const char *dir)
+{
+    char path[1024];
+    for (int g = 0; g < N_V2G + 1; g++) {
+        fx_blob b = {0}, *bp = &b;
+        f2_cache *c = malloc(sizeof *c);
+        fx_cache fc;
+        const char *name = "f32_small";
+        if (g < N_V2G) { /* head_dim-32 fixture */
+            name = V2G[g].name;
+            if (!c || f2_make(c, V2G[g].dtype, V2G[g].policy)) { fprintf(stderr, "encode: %s\n", kvz_error_detail()); return 1; }
+            bp = &c->b;
+        } else { /* the version-1 fixture written as version 2: compressible, codec zstd */
+            fx_make(&fc, KVZ_DTYPE_F32);
+            if (encode_fx(&fc, &b)) return 1;
+        }
+        for (int raw = 0; raw < 2; raw++) {
+            size_t n;
+            uint8_t *all = concat(bp, raw, &n);
+            snprintf(path, sizeof path, "%s/blob_v2_%s.%s", dir, name, raw ? "raw" : "kvzb");
+            if (!all || write_file(path, all, n)) return 1;
+            free(all);
+        }
+        free_blob(bp);
+        free(c);
+    }
+    return 0;
+}
+
+/* Decode an f2 blob and compare with the fixture's stored rows. */
+static int f2_decode_equals(const fx_blob *b, const f2_cache *c)
+{
+    kvz_blob_meta m;
+    int err = kvz_blob_decode_meta(b->rec[0], b->len[0], c->meta.fingerprint, &m);
+    if (err) return err;
+    int same = m.version == 2 && m.dtype == c->meta.dtype && m.prefix_policy == c->meta.prefix_policy &&
+               !memcmp(m.prefix_ref, c->meta.prefix_ref, 16) && m.head_dim == F2_HD &&
+               !memcmp(m.counts, c->counts, sizeof c->counts) && kvz_blob_meta_id(&m) == kvz_blob_meta_id(&c->meta);
+    const size_t rb = kvz_blob_kv_row_bytes(&m);
+    for (uint32_t l = 0; l < F2_L && same && !err; l++) {
+        uint64_t kept = kvz_blob_layer_kept(&m, l);
+        uint32_t pos[F2_H * F2_ROWS];
+        uint8_t k[sizeof c->k[0]], v[sizeof c->v[0]];
+        err = kvz_blob_decode_layer(&m, l, b->rec[1 + l], b->len[1 + l], pos, k, v);
+        same = !err && !memcmp(pos, c->pos[l], kept * 4) && !memcmp(k, c->k[l], kept * rb) &&
+               !memcmp(v, c->v[l], kept * rb);
+    }
+    kvz_blob_meta_free(&m);
+    return err ? err : same ? 0 : 1;
+}
+
+/* codec the spec prescribes for a payload: zstd (level 3) only if it saves > 5 % */
+static uint8_t expected_codec(const uint8_t *raw, size_t n)
+{
+    size_t cap = ZSTD_compressBound(n);
+    uint8_t *z = malloc(cap);
+    size_t zn = ZSTD_compress(z, cap, raw, n, 3);
+    free(z);
+    return !ZSTD_isError(zn) && zn * 100 < n * 95 ? KVZ_BLOB_CODEC_ZSTD : KVZ_BLOB_CODEC_NONE;
+}
+
+static void test_v2_golden(void)
+{
+    char path[1024], rel[128];
+    size_t vn = 0;
+    char *gver = kvz_test_read_file(kvz_test_path(path, sizeof path, "tests/golden/blob_zstd_version.txt"), &vn);
+    int same_zstd = gver && !strncmp(gver, ZSTD_versionString(), strlen(ZSTD_versionString())) &&
+                    gver[strlen(ZSTD_versionString())] == '\n';
+    free(gver);
+    int codecs_seen[2] = {0, 0};
+    for (int g = 0; g < N_V2G + 1; g++) {
+        f2_cache *c = calloc(1, sizeof *c);
+        fx_cache fc;
+        fx_blob b = {0}, gb = {0}, *bp;
+        const char *name = g < N_V2G ? V2G[g].name : "f32_small";
+        if (g < N_V2G) {
+            NEED(f2_make(c, V2G[g].dtype, V2G[g].policy) == 0);
+            bp = &c->b;
+        } else {
+            fx_make(&fc, KVZ_DTYPE_F32);
+            NEED(encode_fx(&fc, &b) == 0);
+            bp = &b;
+        }
+        size_t gn = 0, rn = 0, n = 0;
+        snprintf(rel, sizeof rel, "tests/golden/blob_v2_%s.kvzb", name);
+        uint8_t *gold = (uint8_t *)kvz_test_read_file(kvz_test_path(path, sizeof path, rel), &gn);
+        snprintf(rel, sizeof rel, "tests/golden/blob_v2_%s.raw", name);
+        uint8_t *graw = (uint8_t *)kvz_test_read_file(kvz_test_path(path, sizeof path, rel), &rn);
+        CHECKF(gold && graw, "golden file %s missing", rel);
+        if (gold && graw) {
+            uint8_t *mine = concat(bp, 0, &n);
+            if (same_zstd) CHECKF(n == gn && !memcmp(mine, gold, n), "v2 %s: encoded bytes differ from golden", name);
+            free(mine);
+            mine = concat(bp, 1, &n);
+            CHECKF(mine && n == rn && !memcmp(mine, graw, n), "v2 %s: payload differs from golden", name);
+            free(mine);
+            CHECK(split(gold, gn, &gb) == 0);
+            for (int i = 0; i < 1 + FX_L && gb.rec[i]; i++) {
+                /* header: version 2, codec as the 5 % rule says for that payload */
+                CHECK(gb.rec[i][4] == 2 && gb.rec[i][5] == 0);
+                uint8_t *p = malloc(get64(gb.rec[i] + 24) + 1);
+                size_t pn = get64(gb.rec[i] + 24);
+                if (gb.rec[i][7] == KVZ_BLOB_CODEC_NONE) memcpy(p, gb.rec[i] + 56, pn);
+                else CHECK(ZSTD_decompress(p, pn, gb.rec[i] + 56, gb.len[i] - 56) == pn);
+                CHECKF(gb.rec[i][7] == expected_codec(p, pn), "v2 %s record %d: codec %u", name, i, gb.rec[i][7]);
+                if (i) codecs_seen[gb.rec[i][7] & 1]++;
+                if (i == 0) { /* META: 88 fixed bytes + counts, prefix_ref at 72, dtype at 32 */
+                    CHECK(pn == 88 + 4 * F2_L * F2_H || g == N_V2G);
+                    if (g < N_V2G) CHECK(p[32] == V2G[g].dtype && p[34] == V2G[g].policy &&
+                                         !memcmp(p + 72, c->meta.prefix_ref, 16));
+                }
+                free(p);
+            }
+            if (g < N_V2G) CHECKF(f2_decode_equals(&gb, c) == 0, "v2 %s: golden decode: %s", name, kvz_error_detail());
+            else CHECKF(decode_equals(&gb, &fc) == 0, "v2 %s: golden decode: %s", name, kvz_error_detail());
+            free_blob(&gb);
+        }
+        free(gold);
+        free(graw);
+        free_blob(bp);
+        free(c);
+    }
+    CHECKF(codecs_seen[0] && codecs_seen[1], "goldens cover both codecs (none %d, zstd %d)", codecs_seen[0], codecs_seen[1]);
+}
+
+/* Row codecs against independent truth: hand-made rows with exact results, the
+ * runtime's fp16/bf16 converters, and the error bound of each type. */
+static void test_kvrow(void)
+{
+    /* q8: max |x| = 127 -> d = 1 exactly, q = round-half-away(x) */
+    float x[64], y[64];
+    uint8_t row[256];
+    for (int i = 0; i < 32; i++) x[i] = (float)(i - 16) * 0.5f;
+    x[5] = 127.0f;
+    x[32 + 0] = 0.0f;
+    for (int i = 32; i < 64; i++) x[i] = 0.0f; /* group of zeros: d = 0, q = 0 */
+    NEED(kvz_kvrow_encode(KVZ_KV_Q8, x, 1, 64, row) == 0);
+    CHECK(kvz_kv_row_bytes(KVZ_KV_Q8, 64) == 4 + 64);
+    CHECK(row[0] == 0x00 && row[1] == 0x3c); /* f16 1.0 */
+    CHECK(row[2] == 0 && row[3] == 0);       /* f16 0.0 */
+    int bad = 0;
+    for (int i = 0; i < 32; i++) {
+        float want = i == 5 ? 127.0f : (float)(i - 16) * 0.5f;
+        want = want < 0 ? -floorf(-want + 0.5f) : floorf(want + 0.5f); /* half away from zero */
+        bad += (int8_t)row[4 + i] != (int)want;
+    }
+    for (int i = 32; i < 64; i++) bad += row[4 + i] != 0;
+    CHECKF(bad == 0, "q8 exact row: %d values wrong", bad);
+    NEED(kvz_kvrow_decode(KVZ_KV_Q8, row, 1, 64, y) == 0);
+    CHECK(y[0] == -8.0f && y[1] == -8.0f && y[3] == -7.0f && y[5] == 127.0f && y[63] == 0.0f);
+    /* q4: min 0, max 15 -> d = 1, m = 0: q = round(x); nibble order low = even element */
+    for (int i = 0; i < 32; i++) x[i] = (float)(i % 16) + (i & 16 ? 0.25f : 0.0f);
+    x[31] = 15.0f;
+    NEED(kvz_kvrow_encode(KVZ_KV_Q4, x, 1, 32, row) == 0);
+    CHECK(kvz_kv_row_bytes(KVZ_KV_Q4, 32) == 4 + 16);
+    CHECK(row[0] == 0x00 && row[1] == 0x3c && row[2] == 0 && row[3] == 0); /* d 1.0, m 0.0 */
+    CHECK(row[4] == 0x10 && row[5] == 0x32 && row[11] == 0xfe); /* (0,1) (2,3) (14,15) */
+    NEED(kvz_kvrow_decode(KVZ_KV_Q4, row, 1, 32, y) == 0);
+    bad = 0;
+    for (int i = 0; i < 32; i++) bad += y[i] != floorf(x[i] + 0.5f);
+    CHECKF(bad == 0, "q4 exact row: %d values wrong", bad);
+    /* error bounds on random rows: |x - x'| <= d/2 (+ the f16 rounding of m for q4) */
+    uint64_t s = 12345;
+    double worst8 = 0, worst4 = 0;
+    for (int r = 0; r < 2000; r++) {
+        float amp = ldexpf(1.0f, (int)(r % 17) - 8);
+        for (int i = 0; i < 64; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            x[i] = ((float)(s >> 40) * 0x1p-24f - 0.5f) * 2.0f * amp + (r & 1 ? amp : 0.0f);
+        }
+        for (int t = 0; t < 2; t++) {
+            const int dt = t ? KVZ_KV_Q4 : KVZ_KV_Q8;
+            NEED(kvz_kvrow_encode(dt, x, 1, 64, row) == 0);
+            NEED(kvz_kvrow_decode(dt, row, 1, 64, y) == 0);
+            for (int g = 0; g < 2; g++) {
+                float mn = x[32 * g], mx = x[32 * g], am = 0;
+                for (int i = 32 * g; i < 32 * g + 32; i++) {
+                    mn = fminf(mn, x[i]); mx = fmaxf(mx, x[i]); am = fmaxf(am, fabsf(x[i]));
+                }
+                double step = t ? (mx - mn) / 15.0 : am / 127.0;
+                for (int i = 32 * g; i < 32 * g + 32; i++) {
+                    double e = fabs((double)x[i] - y[i]) / step;
+                    if (t) worst4 = fmax(worst4, e); else worst8 = fmax(worst8, e);
+                }
+            }
+        }
+    }
+    /* half a step, plus the f16 rounding of the scale (2^-11 relative) times 127 or
+     * 15 steps, plus (q4) the f16 rounding of m */
+    CHECKF(worst8 <= 0.5 + 127 * 0x1p-11 + 1e-6, "q8 error %.4f steps", worst8);
+    CHECKF(worst4 <= 0.5 + 15 * 0x1p-11 + 0.02, "q4 error %.4f steps", worst4);
+    /* f16 / bf16: identical to the runtime's converters (every f16/bf16 pattern
+     * back, and many fp32 values forward) */
+    bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float a = kvz_kvrow_f16_to_f32((uint16_t)h), b = kvz_fp16_to_fp32((uint16_t)h);
+        float c2 = kvz_kvrow_bf16_to_f32((uint16_t)h), d2 = kvz_bf16_to_fp32((uint16_t)h);
+        bad += memcmp(&a, &b, 4) != 0;
+        bad += memcmp(&c2, &d2, 4) != 0;
+    }
+    for (uint64_t i = 0; i < 2000000; i++) {
+        uint32_t u = (uint32_t)(i * 2654435761u) ^ (uint32_t)(i >> 3);
+        float f;
+        memcpy(&f, &u, 4);
+        bad += kvz_kvrow_f32_to_f16(f) != kvz_fp32_to_fp16(f);
+        bad += kvz_kvrow_f32_to_bf16(f) != kvz_fp32_to_bf16(f);
+    }
+    CHECKF(bad == 0, "f16/bf16 converters differ from the runtime's in %d cases", bad);
+    /* bad input: NaN/Inf rows cannot be quantised; bad scales are rejected */
+    for (int i = 0; i < 32; i++) x[i] = 1.0f;
+    x[7] = NAN;
+    CHECK(kvz_kvrow_encode(KVZ_KV_Q8, x, 1, 32, row) == KVZ_ERR_ARG);
+    x[7] = INFINITY;
+    CHECK(kvz_kvrow_encode(KVZ_KV_Q4, x, 1, 32, row) == KVZ_ERR_ARG);
+    CHECK(kvz_kvrow_encode(KVZ_KV_F16, x, 1, 32, row) == 0); /* f16 holds Inf */
+    CHECK(kvz_kvrow_encode(KVZ_KV_Q8, x, 1, 48, row) == KVZ_ERR_ARG); /* 48 % 32 */
+    CHECK(kvz_kvrow_encode(9, x, 1, 32, row) == KVZ_ERR_ARG);
+    x[7] = 1.0f;
+    NEED(kvz_kvrow_encode(KVZ_KV_Q8, x, 1, 32, row) == 0);
+    static const uint16_t badscale[4] = {0x7c00, 0x7e00, 0xfc00, 0xbc00}; /* Inf NaN -Inf -1 */
+    for (int i = 0; i < 4; i++) {
+        memcpy(row, &badscale[i], 2);
+        CHECK(kvz_kvrow_decode(KVZ_KV_Q8, row, 1, 32, y) == KVZ_ERR_FORMAT);
+        CHECK(kvz_kvrow_check(KVZ_KV_Q8, row, 1, 32, NULL) == KVZ_ERR_FORMAT);
+    }
+    NEED(kvz_kvrow_encode(KVZ_KV_Q8, x, 1, 32, row) == 0);
+    row[2 + 3] = 0x80; /* q8 value -128 */
+    CHECK(kvz_kvrow_check(KVZ_KV_Q8, row, 1, 32, NULL) == KVZ_ERR_FORMAT);
+    NEED(kvz_kvrow_encode(KVZ_KV_Q4, x, 1, 32, row) == 0);
+    uint16_t inf = 0x7c00;
+    memcpy(row + 2, &inf, 2); /* m = Inf */
+    CHECK(kvz_kvrow_decode(KVZ_KV_Q4, row, 1, 32, y) == KVZ_ERR_FORMAT);
+    /* registry */
+    CHECK(kvz_kvrow_codec_find("q4") && kvz_kvrow_codec_find("q4")->dtype == KVZ_KV_Q4);
+    CHECK(kvz_kvrow_codec_find("int8") == NULL && kvz_kvrow_codec_get(5) == NULL);
+    CHECK(kvz_kvrow_codec_get(KVZ_KV_Q8)->min_blob_version == 2 && kvz_kvrow_codec_get(KVZ_KV_BF16)->min_blob_version == 1);
+    /* saturation: a huge finite value gives a finite scale */
+    x[0] = 3e38f;
+    NEED(kvz_kvrow_encode(KVZ_KV_Q8, x, 1, 32, row) == 0);
+    CHECK(kvz_kvrow_decode(KVZ_KV_Q8, row, 1, 32, y) == 0 && isfinite(y[0]));
+}
+
+/* Version-2 bad input: unknown codec/dtype, bad scale blocks (even with every
+ * checksum fixed), a raw payload of the wrong size, v1 records with v2 features. */
+static void test_v2_bad(void)
+{
+    f2_cache *c = calloc(1, sizeof *c);
+    NEED(c && f2_make(c, KVZ_DTYPE_Q8, KVZ_PREFIX_KEEP) == 0);
+    fx_blob *b = &c->b;
+    kvz_blob_meta m;
+    NEED(kvz_blob_decode_meta(b->rec[0], b->len[0], NULL, &m) == 0);
+    uint32_t pos[F2_H * F2_ROWS];
+    uint8_t k[sizeof c->k[0]], v[sizeof c->v[0]];
+    const size_t n1 = b->len[1];
+    NEED(b->rec[1][7] == KVZ_BLOB_CODEC_NONE); /* q8 rows do not compress by 5 % */
+    uint8_t *r = malloc(n1);
+    /* unknown codec 2 and 255 */
+    for (int cv = 2; cv < 256; cv += 253) {
+        memcpy(r, b->rec[1], n1);
+        r[7] = (uint8_t)cv;
+        reseal(r, n1);
+        CHECK(kvz_blob_decode_layer(&m, 0, r, n1, pos, k, v) == KVZ_ERR_FORMAT);
+        CHECK(strstr(kvz_error_detail(), "unknown codec") != NULL);
+    }
+    /* codec none claiming a raw size other than the stored bytes */
+    memcpy(r, b->rec[1], n1);
+    put64(r + 24, get64(r + 24) + 2);
+    reseal(r, n1);
+    CHECK(kvz_blob_decode_layer(&m, 0, r, n1, pos, k, v) == KVZ_ERR_FORMAT);
+    /* bad scale blocks with the payload hash and the record hash fixed: NaN, Inf,
+     * negative scale in K row 2 group 0, and in the last V row */
+    const size_t kept = kvz_blob_layer_kept(&m, 0), rb = kvz_blob_kv_row_bytes(&m);
+    const size_t koff = 4 * kept, voff = koff + kept * rb;
+    static const uint16_t badscale[3] = {0x7e00, 0x7c00, 0xbc00};
+    for (int i = 0; i < 6; i++) {
+        memcpy(r, b->rec[1], n1);
+        size_t at = 56 + (i < 3 ? koff + 2 * rb : voff + (kept - 1) * rb);
+        memcpy(r + at, &badscale[i % 3], 2);
+        put64(r + 40, XXH3_64bits(r + 56, n1 - 56));
+        reseal(r, n1);
+        int err = kvz_blob_decode_layer(&m, 0, r, n1, pos, k, v);
+        CHECKF(err == KVZ_ERR_FORMAT && strstr(kvz_error_detail(), i < 3 ? "K row 2" : "V row"),
+               "bad scale %d: %d %s", i, err, kvz_error_detail());
+    }
+    /* a payload byte flipped with only the record hash fixed: payload checksum */
+    memcpy(r, b->rec[1], n1);
+    r[56 + koff + 7] ^= 4;
+    reseal(r, n1);
+    CHECK(kvz_blob_decode_layer(&m, 0, r, n1, pos, k, v) == KVZ_ERR_CHECKSUM);
+    CHECK(kvz_blob_decode_layer(&m, 0, b->rec[1], n1, pos, k, v) == 0);
+    kvz_blob_meta_free(&m);
+    /* META with an unknown dtype, with q8 under version 1, with policy SHARED in v1:
+     * rebuilt as raw v2 / v1 records with valid hashes */
+    uint8_t *m0;
+    size_t n0;
+    NEED(kvz_blob_encode_meta(&c->meta, KVZ_BLOB_LEVEL_NONE, &m0, &n0) == 0 && m0[7] == KVZ_BLOB_CODEC_NONE);
+    CHECK(kvz_blob_decode_meta(m0, n0, NULL, &m) == 0 && m.version == 2);
+    kvz_blob_meta_free(&m);
+    struct { size_t off; uint8_t val; uint16_t ver; } mc[] = {
+        {32, 5, 2}, {32, 3, 1}, {34, 2, 1}, {34, 3, 2}, {72, 1, 2} /* prefix_ref set, policy KEEP */
+    };
+    uint8_t *mr = malloc(n0 + 64);
+    for (size_t i = 0; i < sizeof mc / sizeof mc[0]; i++) {
+        memcpy(mr, m0, n0);
+        mr[56 + mc[i].off] = mc[i].val;
+        size_t len = n0;
+        if (mc[i].ver == 1) { /* v1: drop prefix_ref (16 bytes at payload offset 72), zstd */
+            uint8_t pl[512];
+            size_t pn = n0 - 56 - 16;
+            memcpy(pl, mr + 56, 72);
+            memcpy(pl + 72, mr + 56 + 88, pn - 72);
+            uint8_t *rec = make_record(mr, pl, pn, &len);
+            rec[4] = 1;
+            rec[7] = KVZ_BLOB_CODEC_ZSTD;
+            memcpy(mr, rec, len);
+            free(rec);
+        } else {
+            put64(mr + 40, XXH3_64bits(mr + 56, n0 - 56));
+        }
+        put64(mr + 16, get64(mr + 40));
+        reseal(mr, len);
+        int err = kvz_blob_decode_meta(mr, len, NULL, &m);
+        CHECKF(err == KVZ_ERR_FORMAT, "meta case %zu: got %d (%s)", i, err, kvz_error_detail());
+    }
+    free(mr);
+    free(m0);
+    free(r);
+    free_blob(b);
+    free(c);
+    /* every truncation and single-byte flip of a v2 q4/shared blob (codec none) */
+    c = calloc(1, sizeof *c);
+    NEED(c && f2_make(c, KVZ_DTYPE_Q4, KVZ_PREFIX_SHARED) == 0);
+    NEED(kvz_blob_decode_meta(c->b.rec[0], c->b.len[0], NULL, &m) == 0);
+    int bad = 0;
+    for (int i = 1; i < 1 + F2_L; i++) {
+        size_t n = c->b.len[i];
+        uint8_t *t = malloc(n);
+        for (size_t off = 0; off < n; off++) {
+            memcpy(t, c->b.rec[i], n);
+            t[off] ^= 0x10;
+            int want = off < 4 ? KVZ_ERR_FORMAT : off < 6 ? KVZ_ERR_VERSION
+                     : off >= 32 && off < 40 && get64(t + 32) > n - 56 ? KVZ_ERR_TRUNCATED : KVZ_ERR_CHECKSUM;
+            int err = kvz_blob_decode_layer(&m, (uint32_t)i - 1, t, n, pos, k, v);
+            bad += err != want;
+        }
+        for (size_t cut = 0; cut < n; cut++) bad += kvz_blob_decode_layer(&m, (uint32_t)i - 1, c->b.rec[i], cut, pos, k, v) != KVZ_ERR_TRUNCATED;
+        free(t);
+    }
+    CHECKF(bad == 0, "v2 q4 flips/truncations: %d misreported", bad);
+    kvz_blob_meta_free(&m);
+    free_blob(&c->b);
+    free(c);
+    /* encoder: LEVEL_NONE gives codec none; version 1 never writes codec none */
+    fx_cache fc;
+    fx_make(&fc, KVZ_DTYPE_F32);
+    uint8_t *rec;
+    size_t len;
+    NEED(kvz_blob_encode_layer(&fc.meta, 0, fc.pos[0], fc.k[0], fc.v[0], KVZ_BLOB_LEVEL_NONE, &rec, &len) == 0);
+    CHECK(rec[7] == KVZ_BLOB_CODEC_NONE && get64(rec + 24) == get64(rec + 32));
+    free(rec);
+    fc.meta.version = 1;
+    NEED(kvz_blob_encode_layer(&fc.meta, 0, fc.pos[0], fc.k[0], fc.v[0], KVZ_BLOB_LEVEL_NONE, &rec, &len) == 0);
+    CHECK(rec[4] == 1 && rec[7] == KVZ_BLOB_CODEC_ZSTD);
+    free(rec);
+}
+
 static int write_golden(const char *dir)
 {
     char path[1024];
@@ -87,6 +547,7 @@ static int write_golden(const char *dir)
         fx_cache c;
         fx_blob b = {0};
         fx_make(&c, DTYPES[d]);
+        c.meta.version = 1; /* the version-1 goldens */
         if (encode_fx(&c, &b)) { fprintf(stderr, "encode: %s\n", kvz_error_detail()); return 1; }
         size_t n;
         uint8_t *all = concat(&b, 0, &n);
@@ -99,6 +560,7 @@ static int write_golden(const char *dir)
         free(all);
         free_blob(&b);
     }
+    if (write_golden_v2(dir)) return 1;
     snprintf(path, sizeof path, "%s/blob_zstd_version.txt", dir);
     char ver[64];
     snprintf(ver, sizeof ver, "%s\n", ZSTD_versionString());
@@ -184,6 +646,7 @@ static void test_golden(void)
         fx_cache c;
         fx_blob b = {0}, g = {0};
         fx_make(&c, DTYPES[d]);
+        c.meta.version = 1; /* writers still produce version 1 when asked: byte-exact */
         NEED(encode_fx(&c, &b) == 0);
         char rel[128];
         snprintf(rel, sizeof rel, "tests/golden/blob_%s.kvzb", DNAMES[d]);
@@ -246,10 +709,11 @@ static void test_heads_variant(void)
 
 static void test_truncation_and_flips(void)
 {
-    for (int d = 0; d < 2; d++) {
+    for (int d = 0; d < 4; d++) { /* f32, f16 as version 1, then as version 2 */
         fx_cache c;
         fx_blob b = {0};
-        fx_make(&c, DTYPES[d]);
+        fx_make(&c, DTYPES[d & 1]);
+        c.meta.version = d < 2 ? 1 : 2;
         NEED(encode_fx(&c, &b) == 0);
         for (int i = 0; i < 1 + FX_L; i++) {
             size_t n = b.len[i];
@@ -263,7 +727,7 @@ static void test_truncation_and_flips(void)
                 int err = decode_one(&c.meta, i, t, cut);
                 free(t);
                 if (err != KVZ_ERR_TRUNCATED) {
-                    if (!bad_trunc++) fprintf(stderr, "%s rec %d cut %zu: %d %s\n", DNAMES[d], i, cut, err, kvz_error_detail());
+                    if (!bad_trunc++) fprintf(stderr, "%s rec %d cut %zu: %d %s\n", DNAMES[d & 1], i, cut, err, kvz_error_detail());
                 }
             }
             static const uint8_t masks[3] = {0x01, 0x80, 0xFF};
@@ -279,12 +743,12 @@ static void test_truncation_and_flips(void)
                     int err = decode_one(&c.meta, i, buf, n);
                     if (err != want) {
                         if (!bad_flip++) fprintf(stderr, "%s rec %d flip %zu^%02x: got %d want %d (%s)\n",
-                                                 DNAMES[d], i, off, masks[mi], err, want, kvz_error_detail());
+                                                 DNAMES[d & 1], i, off, masks[mi], err, want, kvz_error_detail());
                     }
                 }
             }
-            CHECKF(bad_trunc == 0, "%s record %d: %d truncations misreported", DNAMES[d], i, bad_trunc);
-            CHECKF(bad_flip == 0, "%s record %d: %d flips misreported", DNAMES[d], i, bad_flip);
+            CHECKF(bad_trunc == 0, "%s v%u record %d: %d truncations misreported", DNAMES[d & 1], c.meta.version, i, bad_trunc);
+            CHECKF(bad_flip == 0, "%s v%u record %d: %d flips misreported", DNAMES[d & 1], c.meta.version, i, bad_flip);
             /* one extra byte */
             uint8_t *longer = malloc(n + 1);
             memcpy(longer, b.rec[i], n);
@@ -304,11 +768,16 @@ static void test_version_model_kind(void)
     fx_make(&c, KVZ_DTYPE_F16);
     NEED(encode_fx(&c, &b) == 0);
     kvz_blob_meta m;
-    /* other version, even resealed */
+    /* other version, even resealed: 3 (a future version, e.g. read by this build
+     * as a v1-only build reads a v2 record) and 0 */
     for (int i = 0; i < 1 + FX_L; i++) {
         uint8_t *r = malloc(b.len[i]);
         memcpy(r, b.rec[i], b.len[i]);
-        r[4] = 2;
+        r[4] = 3;
+        reseal(r, b.len[i]);
+        CHECK(decode_one(&c.meta, i, r, b.len[i]) == KVZ_ERR_VERSION);
+        CHECK(strstr(kvz_error_detail(), "version 3") != NULL);
+        r[4] = 0;
         reseal(r, b.len[i]);
         CHECK(decode_one(&c.meta, i, r, b.len[i]) == KVZ_ERR_VERSION);
         CHECK(kvz_blob_check(r, b.len[i], NULL) == KVZ_ERR_VERSION);
@@ -347,6 +816,7 @@ static void test_resealed(void)
     fx_cache c;
     fx_blob b = {0};
     fx_make(&c, KVZ_DTYPE_F32);
+    c.meta.version = 1; /* zstd frames (the version-2 cases: test_v2_bad) */
     NEED(encode_fx(&c, &b) == 0);
     size_t n0 = b.len[0], n1 = b.len[1];
     uint8_t *r = malloc(n0 > n1 ? n0 + 64 : n1 + 64);
@@ -432,6 +902,7 @@ static void test_fuzz(void)
     fx_cache c;
     fx_blob b = {0};
     fx_make(&c, KVZ_DTYPE_F16);
+    c.meta.version = 1; /* zstd frames; test_v2_bad covers raw payloads */
     NEED(encode_fx(&c, &b) == 0);
     uint64_t s = 0x9E3779B97F4A7C15ull;
     int bad = 0;
@@ -479,7 +950,9 @@ static void test_encode_args(void)
     m.n_head = 3;
     CHECK(kvz_blob_encode_meta(&m, 3, &r, &n) == KVZ_ERR_ARG);
     m = c.meta;
-    m.dtype = 3;
+    m.dtype = 5; /* unknown */
+    CHECK(kvz_blob_encode_meta(&m, 3, &r, &n) == KVZ_ERR_ARG);
+    m.dtype = KVZ_DTYPE_Q8; /* head_dim 4: not a multiple of 32 */
     CHECK(kvz_blob_encode_meta(&m, 3, &r, &n) == KVZ_ERR_ARG);
     CHECK(kvz_blob_encode_meta(&c.meta, 99, &r, &n) == KVZ_ERR_ARG);
     CHECK(kvz_blob_encode_layer(&c.meta, 2, c.pos[0], c.k[0], c.v[0], 3, &r, &n) == KVZ_ERR_ARG);
@@ -554,5 +1027,8 @@ int main(int argc, char **argv)
     test_fuzz();
     test_encode_args();
     test_content_hash();
+    test_kvrow();
+    test_v2_golden();
+    test_v2_bad();
     return kvz_test_summary();
 }

@@ -2,11 +2,12 @@
  * Input: flags byte (bit 0: reseal the records so mutations get past the record
  * checksum), u16 LE META length, META record bytes, LAYER record bytes.
  * Any input must give an error code or succeed; never crash, over-read, or
- * allocate more than the verified sizes allow. Seeds: tests/golden/blob_*.kvzb
- * wrapped in that framing.
+ * allocate more than the verified sizes allow. Covers format versions 1 and 2
+ * (codec none/zstd, q8/q4 rows and their scale blocks, shared-prefix META).
+ * Seeds: tests/golden/blob_*.kvzb (v1) and blob_v2_*.kvzb wrapped in that framing.
  * Built by CMake with -DKVZ_FUZZ=ON (CC=clang); by hand:
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Iformat -Icommon \
- *     tests/fuzz/fuzz_blob.c format/kvz_blob.c common/kvz_error.c -lzstd -lxxhash -o fuzz_blob */
+ *     tests/fuzz/fuzz_blob.c format/kvz_blob.c format/kvz_kvrow.c common/kvz_error.c -lzstd -lxxhash -o fuzz_blob */
 #include "kvz_blob.h"
 
 #include <stdint.h>
@@ -46,12 +47,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     (void)kvz_blob_check(meta, meta_n, &info);
     kvz_blob_meta m;
     if (kvz_blob_decode_meta(meta, meta_n, NULL, &m) != 0) {
-        /* still exercise the layer path against a small fixed meta */
+        /* still exercise the layer path against small fixed metas: v1 f16, v2 q8 */
         static uint32_t counts[2] = {2, 3};
-        kvz_blob_meta f = {{0}, 1, 2, 2, 4, 1, 0, 0, 0.5f, 2000, 8, 1, 8, counts};
+        kvz_blob_meta f = {{0}, 1, 2, 2, 4, 1, 0, 0, 0.5f, 2000, 8, 1, 8, counts, {0}, 1};
         uint32_t pos[5];
         uint16_t k[20], v[20];
         (void)kvz_blob_decode_layer(&f, 0, layer, layer_n, pos, k, v);
+        kvz_blob_meta q = {{0}, 1, 2, 2, 32, KVZ_DTYPE_Q8, 0, 0, 0.5f, 2000, 8, 1, 8, counts, {0}, 2};
+        uint8_t qk[5 * 34], qv[5 * 34];
+        (void)kvz_blob_decode_layer(&q, 0, layer, layer_n, pos, qk, qv);
         free(mcopy);
         free(lcopy);
         return 0;
@@ -60,7 +64,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         uint64_t bytes = kvz_blob_layer_raw_size(&m, l);
         if (bytes > (64u << 20)) break; /* caller's budget, as a real reader would have */
         uint64_t kept = kvz_blob_layer_kept(&m, l);
-        size_t kv = (size_t)kept * m.head_dim * kvz_blob_dtype_size(m.dtype);
+        size_t kv = (size_t)kept * kvz_blob_kv_row_bytes(&m);
         uint32_t *pos = malloc(kept * 4 + 1);
         uint8_t *k = malloc(kv + 1), *v = malloc(kv + 1);
         if (pos && k && v) (void)kvz_blob_decode_layer(&m, l, layer, layer_n, pos, k, v);

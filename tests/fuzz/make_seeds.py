@@ -24,7 +24,7 @@ def records(b):
         i += 56 + comp
     return out
 
-for dt in ("f16", "f32"):
+for dt in ("f16", "f32", "v2_f16", "v2_q8", "v2_q4_shared", "v2_f32_small"):
     recs = records(open(os.path.join(src, "tests/golden/blob_%s.kvzb" % dt), "rb").read())
     meta = recs[0]
     for li, layer in enumerate(recs[1:]):
