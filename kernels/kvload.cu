@@ -155,7 +155,10 @@ __global__ void kv_export_q_kernel(kvz_cuda_kv kv, load_args la, size_t row_byte
         } else {
             float lo = x[0], hi = x[0];
 #pragma unroll
-            for (int e = 1; e < 32; e++) { lo = fminf(lo, x[e]); hi = fmaxf(hi, x[e]); }
+            for (int e = 1; e < 32; e++) { /* comparisons as kvz_kvrow.c (-0 vs +0 kept) */
+                if (x[e] < lo) lo = x[e];
+                if (x[e] > hi) hi = x[e];
+            }
             const uint16_t dh = f2h_bits((hi - lo) / 15.f), mh = f2h_bits(lo);
             const float d = __half2float(__ushort_as_half(dh)), m = __half2float(__ushort_as_half(mh));
             row[4 * g] = (uint8_t)dh;
