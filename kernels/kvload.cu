@@ -55,12 +55,12 @@ __device__ __forceinline__ void row8(const uint8_t *row, int hd, int e0, float *
 /* grid (blocks, n_kv): block row y = head h; threads stride over its rows x (hd/8). */
 template <int DT>
 __global__ void kv_load_kernel(kvz_cuda_kv kv, load_args la, size_t row_bytes, const uint8_t *__restrict__ ks,
-                               const uint8_t *__restrict__ vs, const uint32_t *__restrict__ ps)
+                               const uint8_t *__restrict__ vs, const uint32_t *__restrict__ ps, int row0)
 {
     const int h = blockIdx.y, vpr = kv.hd / 8;
     const int r0 = la.off[h], n = la.off[h + 1] - r0;
-    uint4 *dk = (uint4 *)kv.k + (size_t)h * kv.cap * vpr;
-    uint4 *dv = (uint4 *)kv.v + (size_t)h * kv.cap * vpr;
+    uint4 *dk = (uint4 *)kv.k + ((size_t)h * kv.cap + row0) * vpr;
+    uint4 *dv = (uint4 *)kv.v + ((size_t)h * kv.cap + row0) * vpr;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n * vpr; i += gridDim.x * blockDim.x) {
         const int r = i / vpr, e0 = (i - r * vpr) * 8;
         const size_t src = (size_t)(r0 + r) * row_bytes;
@@ -74,14 +74,15 @@ __global__ void kv_load_kernel(kvz_cuda_kv kv, load_args la, size_t row_bytes, c
             for (int e = 0; e < 8; e++) b[e] = __float2bfloat16_rn(x[e]);
             (w ? dv : dk)[i] = o;
         }
-        if (e0 == 0) kv.pos[(size_t)h * kv.cap + r] = (int32_t)ps[r0 + r];
+        if (e0 == 0) kv.pos[(size_t)h * kv.cap + row0 + r] = (int32_t)ps[r0 + r];
     }
-    if (blockIdx.x == 0 && threadIdx.x == 0) kv.len[h] = n;
+    if (blockIdx.x == 0 && threadIdx.x == 0) kv.len[h] = row0 + n;
 }
 
-extern "C" int kvz_cuda_kv_load(cudaStream_t s, const kvz_cuda_kv *kv, int dtype, const int32_t *rows,
+extern "C" int kvz_cuda_kv_load(cudaStream_t s, const kvz_cuda_kv *kv, int dtype, const int32_t *rows, int32_t row0,
                                 const void *k_src, const void *v_src, const uint32_t *pos_src)
 {
+    KVZ_ARG(row0 >= 0);
     KVZ_ARG(kv && kv->k && kv->v && kv->pos && kv->len && rows && k_src && v_src && pos_src);
     KVZ_ARG(kv->n_kv > 0 && kv->n_kv <= LOAD_MAX_KV && kv->hd % 8 == 0);
     const size_t rb = kvz_kv_row_bytes(dtype, (size_t)kv->hd);
@@ -92,7 +93,7 @@ extern "C" int kvz_cuda_kv_load(cudaStream_t s, const kvz_cuda_kv *kv, int dtype
     int mx = 0;
     la.off[0] = 0;
     for (int h = 0; h < kv->n_kv; h++) {
-        KVZ_ARG(rows[h] >= 0 && rows[h] <= kv->cap);
+        KVZ_ARG(rows[h] >= 0 && (int64_t)row0 + rows[h] <= kv->cap);
         la.off[h + 1] = la.off[h] + rows[h];
         mx = rows[h] > mx ? rows[h] : mx;
     }
@@ -102,11 +103,11 @@ extern "C" int kvz_cuda_kv_load(cudaStream_t s, const kvz_cuda_kv *kv, int dtype
     dim3 grid(blocks, kv->n_kv);
     const uint8_t *ks = (const uint8_t *)k_src, *vs = (const uint8_t *)v_src;
     switch (dtype) {
-    case KVZ_KV_F32: kv_load_kernel<KVZ_KV_F32><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src); break;
-    case KVZ_KV_F16: kv_load_kernel<KVZ_KV_F16><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src); break;
-    case KVZ_KV_BF16: kv_load_kernel<KVZ_KV_BF16><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src); break;
-    case KVZ_KV_Q8: kv_load_kernel<KVZ_KV_Q8><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src); break;
-    default: kv_load_kernel<KVZ_KV_Q4><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src); break;
+    case KVZ_KV_F32: kv_load_kernel<KVZ_KV_F32><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0); break;
+    case KVZ_KV_F16: kv_load_kernel<KVZ_KV_F16><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0); break;
+    case KVZ_KV_BF16: kv_load_kernel<KVZ_KV_BF16><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0); break;
+    case KVZ_KV_Q8: kv_load_kernel<KVZ_KV_Q8><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0); break;
+    default: kv_load_kernel<KVZ_KV_Q4><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0); break;
     }
     KVZ_LAUNCH_CHECK("kv_load");
     return 0;

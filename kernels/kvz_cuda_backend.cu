@@ -1446,7 +1446,7 @@ extern "C" int kvz_cuda_load_slots(kvz_model *m, size_t slot_bytes, int nslot, v
 }
 
 extern "C" int kvz_cuda_load_layer(kvz_kv *kv, int32_t layer, int slot, int dtype, const uint32_t *counts,
-                                   size_t k_off, size_t v_off, size_t pos_off, size_t bytes)
+                                   int32_t row0, size_t k_off, size_t v_off, size_t pos_off, size_t bytes)
 {
     kvz_cuda_cache *cc = kv->cuda;
     kvz_cuda_model *g = kv->m->cuda;
@@ -1455,17 +1455,17 @@ extern "C" int kvz_cuda_load_layer(kvz_kv *kv, int32_t layer, int slot, int dtyp
         return kvz_error_set(KVZ_ERR_ARG, "load_layer: bad arguments");
     int32_t rows[64];
     for (int32_t h = 0; h < kv->n_kv_head; h++) {
-        if ((int64_t)counts[h] > kv->cap)
-            return kvz_error_set(KVZ_ERR_CONTEXT, "layer %d head %d: %u rows exceed the cache capacity %lld",
-                                 layer, h, counts[h], (long long)kv->cap);
+        if ((int64_t)counts[h] + row0 > kv->cap)
+            return kvz_error_set(KVZ_ERR_CONTEXT, "layer %d head %d: %lld rows exceed the cache capacity %lld",
+                                 layer, h, (long long)counts[h] + row0, (long long)kv->cap);
         rows[h] = (int32_t)counts[h];
     }
     const cudaStream_t s = g->s;
     char *d = (char *)g->ld_d[slot];
     if (bytes) KVZ_CUDA_TRY(cudaMemcpyAsync(d, g->ld_h[slot], bytes, cudaMemcpyHostToDevice, s));
-    TRY(kvz_cuda_kv_load(s, &cc->L[layer], dtype, rows, d + k_off, d + v_off, (const uint32_t *)(d + pos_off)));
+    TRY(kvz_cuda_kv_load(s, &cc->L[layer], dtype, rows, row0, d + k_off, d + v_off, (const uint32_t *)(d + pos_off)));
     KVZ_CUDA_TRY(cudaEventRecord(g->ld_ev[slot], s));
-    for (int32_t h = 0; h < kv->n_kv_head; h++) kv->len[(size_t)layer * kv->n_kv_head + h] = rows[h];
+    for (int32_t h = 0; h < kv->n_kv_head; h++) kv->len[(size_t)layer * kv->n_kv_head + h] = row0 + rows[h];
     return 0;
 }
 

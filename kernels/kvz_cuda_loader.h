@@ -35,12 +35,13 @@ extern "C" {
  *  the model's stream when it has to grow them. KVZ_ERR_NOMEM, KVZ_ERR_CUDA. */
 int kvz_cuda_load_slots(kvz_model *m, size_t slot_bytes, int nslot, void **slots);
 
-/** Upload @p bytes of slot @p slot (it holds layer @p layer's stored rows: K at
- *  k_off, V at v_off (both 16-byte aligned), u32 positions at pos_off, flat
- *  head-major, counts[h] rows per head) and convert them into the cache (one kernel,
- *  kvz_cuda_kv_load); sets the host and device lengths of the layer. Asynchronous.
- *  KVZ_ERR_CONTEXT when a count exceeds the capacity. */
-int kvz_cuda_load_layer(kvz_kv *kv, int32_t layer, int slot, int dtype, const uint32_t *counts,
+/** Upload the first @p bytes of slot @p slot (0: nothing, the slot is already on the
+ *  device from an earlier call for this layer) and convert the rows it holds for
+ *  layer @p layer (K at k_off, V at v_off (both 16-byte aligned), u32 positions at
+ *  pos_off, flat head-major, counts[h] rows per head) into cache rows row0.. of each
+ *  head (one kernel, kvz_cuda_kv_load); sets the host and device lengths of the layer
+ *  to row0 + counts[h]. Asynchronous. KVZ_ERR_CONTEXT when rows exceed the capacity. */
+int kvz_cuda_load_layer(kvz_kv *kv, int32_t layer, int slot, int dtype, const uint32_t *counts, int32_t row0,
                         size_t k_off, size_t v_off, size_t pos_off, size_t bytes);
 
 /** Wait until slot @p slot's last upload has been read by the device. */

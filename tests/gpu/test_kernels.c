@@ -974,7 +974,7 @@ static void test_kv_load(int dtype, int hd, int n_kv)
                       dalloc((size_t)n_kv * cap * 4), dalloc((size_t)n_kv * 4), n_kv, cap, hd};
     void *dk = dup_to_dev(ks, (size_t)total * rb + 16), *dv = dup_to_dev(vs, (size_t)total * rb + 16);
     void *dp = dup_to_dev(ps, (size_t)total * 4 + 4);
-    API(kvz_cuda_kv_load(g_s, &kv, dtype, rows, dk, dv, dp));
+    API(kvz_cuda_kv_load(g_s, &kv, dtype, rows, 0, dk, dv, dp));
     uint16_t *ok = malloc((size_t)n_kv * cap * hd * 2), *ov = malloc((size_t)n_kv * cap * hd * 2);
     int32_t *op = malloc((size_t)n_kv * cap * 4), ol[16];
     to_host(ok, kv.k, (size_t)n_kv * cap * hd * 2);
