@@ -122,7 +122,9 @@ __device__ __forceinline__ uint16_t f2h_bits(float f)
     return __half_as_ushort(__float2half_rn(fminf(fmaxf(f, -65504.f), 65504.f)));
 }
 
-/* one thread per 32-element group of one row (K and V: blockIdx.z) */
+/* one thread per row (K and V: blockIdx.z), its groups in turn, every byte of the row
+ * written by that thread through aligned 4-byte stores (byte stores of the scales from
+ * one thread per group came out with the low byte zero on the H200; not understood) */
 template <int DT>
 __global__ void kv_export_q_kernel(kvz_cuda_kv kv, load_args la, size_t row_bytes, uint8_t *__restrict__ ko,
                                    uint8_t *__restrict__ vo, uint32_t *__restrict__ po)
@@ -131,51 +133,60 @@ __global__ void kv_export_q_kernel(kvz_cuda_kv kv, load_args la, size_t row_byte
     const int r0 = la.off[h], n = la.off[h + 1] - r0;
     const __nv_bfloat16 *src = (const __nv_bfloat16 *)(w ? kv.v : kv.k) + (size_t)h * kv.cap * kv.hd;
     uint8_t *out = w ? vo : ko;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n * gpr; i += gridDim.x * blockDim.x) {
-        const int r = i / gpr, g = i - r * gpr;
-        const __nv_bfloat16 *p = src + (size_t)r * kv.hd + g * KVZ_KV_QGROUP;
-        float x[32];
+    for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < n; r += gridDim.x * blockDim.x) {
+        uint32_t *row = (uint32_t *)(out + (size_t)(r0 + r) * row_bytes); /* 4-byte aligned: checked by the caller */
+        uint32_t sw = 0; /* scale words being assembled */
+        for (int g = 0; g < gpr; g++) {
+            const __nv_bfloat16 *p = src + (size_t)r * kv.hd + g * KVZ_KV_QGROUP;
+            float x[32];
 #pragma unroll
-        for (int e = 0; e < 32; e++) x[e] = __bfloat162float(p[e]);
-        uint8_t *row = out + (size_t)(r0 + r) * row_bytes;
-        if (DT == KVZ_KV_Q8) {
-            float mx = 0.f;
+            for (int e = 0; e < 32; e++) x[e] = __bfloat162float(p[e]);
+            if (DT == KVZ_KV_Q8) {
+                float mx = 0.f;
 #pragma unroll
-            for (int e = 0; e < 32; e++) mx = fmaxf(mx, fabsf(x[e]));
-            const uint16_t dh = f2h_bits(mx / 127.f);
-            const float d = __half2float(__ushort_as_half(dh));
-            row[2 * g] = (uint8_t)dh;
-            row[2 * g + 1] = (uint8_t)(dh >> 8);
-            int8_t *q = (int8_t *)(row + 2 * gpr + g * KVZ_KV_QGROUP);
+                for (int e = 0; e < 32; e++) mx = fmaxf(mx, fabsf(x[e]));
+                const uint32_t dh = f2h_bits(mx / 127.f);
+                const float d = __half2float(__ushort_as_half((unsigned short)dh));
+                if (g & 1) row[g / 2] = sw | dh << 16; /* scales: 2 per word */
+                else sw = dh;
+                uint32_t *q = row + gpr / 2 + g * 8;
 #pragma unroll
-            for (int e = 0; e < 32; e++) {
-                float t = d > 0.f ? roundf(x[e] / d) : 0.f; /* roundf: half away from zero */
-                t = fminf(fmaxf(t, -127.f), 127.f);
-                q[e] = (int8_t)t;
-            }
-        } else {
-            float lo = x[0], hi = x[0];
+                for (int e = 0; e < 32; e += 4) {
+                    uint32_t word = 0;
 #pragma unroll
-            for (int e = 1; e < 32; e++) { /* comparisons as kvz_kvrow.c (-0 vs +0 kept) */
-                if (x[e] < lo) lo = x[e];
-                if (x[e] > hi) hi = x[e];
-            }
-            const uint16_t dh = f2h_bits((hi - lo) / 15.f), mh = f2h_bits(lo);
-            const float d = __half2float(__ushort_as_half(dh)), m = __half2float(__ushort_as_half(mh));
-            row[4 * g] = (uint8_t)dh;
-            row[4 * g + 1] = (uint8_t)(dh >> 8);
-            row[4 * g + 2] = (uint8_t)mh;
-            row[4 * g + 3] = (uint8_t)(mh >> 8);
-            uint8_t *q = row + 4 * gpr + g * (KVZ_KV_QGROUP / 2);
+                    for (int k = 0; k < 4; k++) {
+                        float t = d > 0.f ? roundf(x[e + k] / d) : 0.f; /* roundf: half away from zero */
+                        t = fminf(fmaxf(t, -127.f), 127.f);
+                        word |= ((uint32_t)(int)t & 0xffu) << (8 * k);
+                    }
+                    q[e / 4] = word;
+                }
+            } else {
+                float lo = x[0], hi = x[0];
 #pragma unroll
-            for (int e = 0; e < 32; e += 2) {
-                float a = d > 0.f ? roundf((x[e] - m) / d) : 0.f, b = d > 0.f ? roundf((x[e + 1] - m) / d) : 0.f;
-                a = fminf(fmaxf(a, 0.f), 15.f);
-                b = fminf(fmaxf(b, 0.f), 15.f);
-                q[e / 2] = (uint8_t)((int)a | (int)b << 4);
+                for (int e = 1; e < 32; e++) { /* comparisons as kvz_kvrow.c (-0 vs +0 kept) */
+                    if (x[e] < lo) lo = x[e];
+                    if (x[e] > hi) hi = x[e];
+                }
+                const uint32_t dh = f2h_bits((hi - lo) / 15.f), mh = f2h_bits(lo);
+                const float d = __half2float(__ushort_as_half((unsigned short)dh));
+                const float m = __half2float(__ushort_as_half((unsigned short)mh));
+                row[g] = dh | mh << 16;
+                uint32_t *q = row + gpr + g * 4;
+#pragma unroll
+                for (int e = 0; e < 32; e += 8) {
+                    uint32_t word = 0;
+#pragma unroll
+                    for (int k = 0; k < 8; k++) {
+                        float t = d > 0.f ? roundf((x[e + k] - m) / d) : 0.f;
+                        t = fminf(fmaxf(t, 0.f), 15.f);
+                        word |= (uint32_t)(int)t << (4 * k);
+                    }
+                    q[e / 8] = word;
+                }
             }
         }
-        if (w == 0 && g == 0) po[r0 + r] = (uint32_t)kv.pos[(size_t)h * kv.cap + r];
+        if (w == 0) po[r0 + r] = (uint32_t)kv.pos[(size_t)h * kv.cap + r];
     }
 }
 
@@ -184,7 +195,8 @@ extern "C" int kvz_cuda_kv_export_q(cudaStream_t s, const kvz_cuda_kv *kv, int d
 {
     KVZ_ARG(kv && kv->k && kv->v && kv->pos && rows && k_out && v_out && pos_out);
     KVZ_ARG(dtype == KVZ_KV_Q8 || dtype == KVZ_KV_Q4);
-    KVZ_ARG(kv->n_kv > 0 && kv->n_kv <= LOAD_MAX_KV && kv->hd % KVZ_KV_QGROUP == 0);
+    KVZ_ARG(kv->n_kv > 0 && kv->n_kv <= LOAD_MAX_KV && kv->hd % (2 * KVZ_KV_QGROUP) == 0);
+    KVZ_ARG(((uintptr_t)k_out & 3) == 0 && ((uintptr_t)v_out & 3) == 0);
     const size_t rb = kvz_kv_row_bytes(dtype, (size_t)kv->hd);
     load_args la;
     int mx = 0;
@@ -195,7 +207,7 @@ extern "C" int kvz_cuda_kv_export_q(cudaStream_t s, const kvz_cuda_kv *kv, int d
         mx = rows[h] > mx ? rows[h] : mx;
     }
     if (mx == 0) return 0;
-    int blocks = (mx * (kv->hd / KVZ_KV_QGROUP) + 127) / 128;
+    int blocks = (mx + 127) / 128;
     if (blocks > 1024) blocks = 1024;
     dim3 grid(blocks, kv->n_kv, 2);
     if (dtype == KVZ_KV_Q8)

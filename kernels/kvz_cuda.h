@@ -450,7 +450,7 @@ int kvz_cuda_kv_load(cudaStream_t s, const kvz_cuda_kv *kv, int dtype, const int
  * to back, quantized to @p dtype = KVZ_KV_Q8 or KVZ_KV_Q4 exactly as
  * common/kvz_kvdtype.h specifies (scales rounded to f16 first; q8 round half away
  * from zero). @param k_out, v_out (Σ rows) rows of kvz_kv_row_bytes(dtype, hd) bytes,
- * device; @param pos_out (Σ rows) u32 device. hd % 32 == 0, n_kv <= 64.
+ * device, 4-byte aligned; @param pos_out (Σ rows) u32 device. hd % 64 == 0, n_kv <= 64.
  */
 int kvz_cuda_kv_export_q(cudaStream_t s, const kvz_cuda_kv *kv, int dtype, const int32_t *rows,
                          void *k_out, void *v_out, uint32_t *pos_out);
