@@ -17,7 +17,7 @@
 #include "kvz_cuda_loader.h"
 #endif
 
-#define MAX_THREADS 12
+#define MAX_THREADS 16
 
 int kvz_load_threads(const kvz_load_opts *o)
 {

@@ -31,7 +31,7 @@ extern "C" {
 #endif
 
 typedef struct kvz_load_opts {
-    int threads; /**< decode workers; 0 = the online cores, at most 12 */
+    int threads; /**< decode workers; 0 = the online cores, at most 16 */
 } kvz_load_opts;
 
 /** Workers used by @p o (resolves 0). */
