@@ -328,10 +328,7 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
         for (uint32_t h = 0; h < bm.n_kv_head; h++)
             if (bm.counts[l * bm.n_kv_head + h] + np > max_rows) max_rows = bm.counts[l * bm.n_kv_head + h] + np;
     }
-    if ((rc = kvz_kv_create(m, (int64_t)max_rows + extra_rows, out_slots, &kv))) goto out;
-
     j.m = m;
-    j.kv = kv;
     j.st = st;
     j.doc_id = doc_id;
     j.hash = meta->info.hash;
@@ -345,6 +342,12 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     if ((uint32_t)want > bm.n_layer) want = (int)bm.n_layer;
 #ifdef KVZ_HAVE_CUDA
     j.gpu = kvz_model_device(m) == KVZ_DEVICE_CUDA;
+#endif
+    /* CPU: the workers place rows in the cache, so it comes first. GPU: the workers only
+     * fill pinned slots, so the device cache is allocated while they decode */
+    if (!j.gpu && (rc = kvz_kv_create(m, (int64_t)max_rows + extra_rows, out_slots, &kv))) goto out;
+    j.kv = kv;
+#ifdef KVZ_HAVE_CUDA
     if (j.gpu) {
         j.nslot = want + 2;
         if (j.nslot > KVZ_CUDA_LOAD_MAX_SLOTS) j.nslot = KVZ_CUDA_LOAD_MAX_SLOTS;
@@ -363,6 +366,10 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     }
     if (j.gpu && nth == 0) {
         job_fail(&j, kvz_error_set(KVZ_ERR_NOMEM, "cannot start a decode thread"), UINT32_MAX);
+    } else if (j.gpu) {
+        if ((rc = kvz_kv_create(m, (int64_t)max_rows + extra_rows, out_slots, &kv))) job_fail(&j, rc, UINT32_MAX);
+        j.kv = kv; /* read by the upload loop only (this thread) */
+        rc = 0;
     }
 #ifdef KVZ_HAVE_CUDA
     if (j.gpu && nth) upload_loop(&j);
