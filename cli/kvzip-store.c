@@ -8,6 +8,7 @@
 
 #include "cli_util.h"
 #include "kvz_blob.h"
+#include "kvz_kvdtype.h"
 #include "kvz_error.h"
 #include "kvz_store.h"
 
@@ -92,7 +93,8 @@ static double ratio_of(uint64_t a, uint64_t b) { return b ? (double)a / (double)
 
 static const char *dtype_name(uint8_t d)
 {
-    return d == KVZ_DTYPE_F32 ? "f32" : d == KVZ_DTYPE_F16 ? "f16" : d == KVZ_DTYPE_BF16 ? "bf16" : "?";
+    const char *n = kvz_kv_dtype_name(d); /* f32 f16 bf16 q8 q4 (common/kvz_kvdtype.h) */
+    return n ? n : "?";
 }
 
 static const char *mode_name(uint8_t m)
@@ -234,7 +236,7 @@ static int cmd_show(kvz_store *s, const char *path, const char *id)
                hx, in->n_tokens, in->ingest_time, date, in->n_records, in->bytes_stored,
                in->bytes_kv_full, in->bytes_kv_kept, ratio_of(in->bytes_kv_full, in->bytes_stored),
                fp, m.n_layer, m.n_head, m.n_kv_head, m.head_dim, dtype_name(m.dtype),
-               mode_name(m.mode), m.prefix_policy == KVZ_PREFIX_KEEP ? "keep" : "none", m.ratio,
+               mode_name(m.mode), m.prefix_policy == KVZ_PREFIX_KEEP ? "keep" : m.prefix_policy == KVZ_PREFIX_SHARED ? "shared" : "none", m.ratio,
                m.chunk, m.overlap, m.n_prefix, m.n_context, kept_total, ctx_pairs, kept_ctx, cmin,
                cmax, raw_total, rec_total, meta_bytes);
         for (uint32_t l = 0; l < m.n_layer; l++) {
@@ -265,7 +267,7 @@ static int cmd_show(kvz_store *s, const char *path, const char *id)
         printf("dims         %u layers, %u query heads, %u KV heads, head_dim %u, %s\n", m.n_layer,
                m.n_head, m.n_kv_head, m.head_dim, dtype_name(m.dtype));
         printf("eviction     %s, ratio %.3f, chunk %u, overlap %u, prefix %s\n", mode_name(m.mode),
-               m.ratio, m.chunk, m.overlap, m.prefix_policy == KVZ_PREFIX_KEEP ? "kept" : "not stored");
+               m.ratio, m.chunk, m.overlap, m.prefix_policy == KVZ_PREFIX_KEEP ? "kept" : m.prefix_policy == KVZ_PREFIX_SHARED ? "shared (one copy per store)" : "not stored");
         printf("kept pairs   %" PRIu64 " (context %" PRIu64 " of %" PRIu64 " = %.3f); per head %u..%u\n",
                kept_total, kept_ctx, ctx_pairs, ratio_of(kept_ctx, ctx_pairs), cmin, cmax);
         fmt_bytes(raw_total, b1);
@@ -355,16 +357,17 @@ static int cmd_gc(kvz_store **sp, const char *path, int compact)
     if (json) {
         printf("{\"blobs_dropped\": %" PRIu64 ", \"records_dropped\": %" PRIu64
                ", \"bytes_dropped\": %" PRIu64 ", \"orphan_records\": %" PRIu64
-               ", \"refs_fixed\": %" PRIu64, g.blobs_dropped, g.records_dropped, g.bytes_dropped,
-               g.orphan_records, g.refs_fixed);
+               ", \"refs_fixed\": %" PRIu64 ", \"prefixes_dropped\": %" PRIu64, g.blobs_dropped,
+               g.records_dropped, g.bytes_dropped, g.orphan_records, g.refs_fixed, g.prefixes_dropped);
         if (compact) printf(", \"file_bytes_before\": %" PRIu64 ", \"file_bytes_after\": %" PRIu64, before, after);
         printf("}\n");
     } else {
         char b[32];
         fmt_bytes(g.bytes_dropped, b);
         printf("gc: dropped %" PRIu64 " unreferenced blobs and %" PRIu64 " orphan records (%" PRIu64
-               " records, %s); fixed %" PRIu64 " refcounts\n", g.blobs_dropped, g.orphan_records,
-               g.records_dropped, b, g.refs_fixed);
+               " records, %s); fixed %" PRIu64 " refcounts; dropped %" PRIu64 " unreferenced shared "
+               "prefixes\n", g.blobs_dropped, g.orphan_records, g.records_dropped, b, g.refs_fixed,
+               g.prefixes_dropped);
         if (compact) {
             char b1[32], b2[32];
             fmt_bytes(before, b1);

@@ -53,6 +53,70 @@ static void fill_meta(const kvz_model *m, const kvz_ingest_opts *o, int32_t n_pr
 }
 
 
+/* Prefix the error detail with the record it came from ("layer 3 record: ..."). */
+static int record_err(int rc, const char *what, uint32_t l)
+{
+    char d[400];
+    snprintf(d, sizeof d, "%s", kvz_error_detail());
+    if (l == KVZ_BLOB_META_LAYER) return kvz_error_set(rc, "%sMETA record: %s", what, d);
+    return kvz_error_set(rc, "%slayer %u record: %s", what, l, d);
+}
+
+/* The prefix blob's META (docs/FORMAT.md §3.1): n_context 0, policy KEEP, every
+ * head holding the n_prefix rows; canonical parameters so its hash depends only
+ * on the model, the dtype and the prefix tokens. */
+static void prefix_meta(const kvz_blob_meta *doc, uint32_t *counts, kvz_blob_meta *pm)
+{
+    *pm = *doc;
+    pm->mode = KVZ_MODE_GLOBAL;
+    pm->prefix_policy = KVZ_PREFIX_KEEP;
+    pm->ratio = 1.0f;
+    pm->chunk = 1;
+    pm->overlap = 0;
+    pm->n_context = 0;
+    memset(pm->prefix_ref, 0, 16);
+    for (size_t i = 0; i < (size_t)doc->n_layer * doc->n_kv_head; i++) counts[i] = doc->n_prefix;
+    pm->counts = counts;
+}
+
+/* Load the stored prefix blob @p ph into the empty cache @p kv (positions
+ * 0..n_prefix-1 of every head): the cache's start, instead of a prefill. */
+static int load_prefix(kvz_store *st, const uint8_t ph[16], const uint8_t fp[16], const kvz_blob_meta *pm,
+                       kvz_kv *kv)
+{
+    const size_t hd = pm->head_dim, rb = kvz_blob_kv_row_bytes(pm), H = pm->n_kv_head;
+    const size_t rows = (size_t)pm->n_prefix * H;
+    uint32_t *pos = malloc(sizeof(uint32_t) * rows);
+    int32_t *pf = malloc(sizeof(int32_t) * rows);
+    uint8_t *kb = malloc(rb * rows), *vb = malloc(rb * rows);
+    float *kf = malloc(sizeof(float) * rows * hd), *vf = malloc(sizeof(float) * rows * hd);
+    kvz_blob_meta sm = {0};
+    kvz_store_read *r = NULL;
+    const uint8_t *rec;
+    size_t len;
+    int rc = !pos || !pf || !kb || !vb || !kf || !vf ? KVZ_ERR_NOMEM : kvz_store_read_begin(st, &r);
+    if (!rc && ((rc = kvz_store_read_prefix(r, ph, KVZ_BLOB_META_LAYER, &rec, &len)) ||
+                (rc = kvz_blob_decode_meta(rec, len, fp, &sm))))
+        rc = record_err(rc, "shared prefix ", KVZ_BLOB_META_LAYER);
+    if (!rc && kvz_blob_meta_id(&sm) != kvz_blob_meta_id(pm))
+        rc = kvz_error_set(KVZ_ERR_FORMAT, "shared prefix META differs from the one this model makes");
+    for (uint32_t l = 0; l < pm->n_layer && !rc; l++) {
+        if ((rc = kvz_store_read_prefix(r, ph, l, &rec, &len)) ||
+            (rc = kvz_blob_decode_layer(&sm, l, rec, len, pos, kb, vb))) {
+            rc = record_err(rc, "shared prefix ", l);
+            break;
+        }
+        for (size_t i = 0; i < rows; i++) pf[i] = (int32_t)pos[i];
+        if (!(rc = kvz_kvrow_decode(pm->dtype, kb, rows, hd, kf)) &&
+            !(rc = kvz_kvrow_decode(pm->dtype, vb, rows, hd, vf)))
+            rc = kvz_kv_set_layer(kv, (int32_t)l, pm->counts + (size_t)l * H, pf, kf, vf);
+    }
+    kvz_store_read_end(r);
+    kvz_blob_meta_free(&sm);
+    free(pos); free(pf); free(kb); free(vb); free(kf); free(vf);
+    return rc;
+}
+
 int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *source_path,
                    const int32_t *ctx, int32_t n_ctx, const kvz_ingest_opts *o,
                    kvz_ingest_result *res)
@@ -82,15 +146,27 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
     }
     const int nlh = c->n_layer * c->n_kv_head;
     const int hd = c->head_dim;
+    const int H = c->n_kv_head;
     res->n_prefix = n_prefix;
     res->n_ctx = n_ctx;
     res->pairs_total = (int64_t)nlh * n_ctx;
     res->bytes_full = (uint64_t)nlh * (uint64_t)(n_prefix + n_ctx) * 2u * rb;
 
-    uint32_t *counts = calloc((size_t)nlh, sizeof *counts);
-    kvz_blob_meta bm;
+    /* The system prefix's K/V is the same in every document: stored once as a
+     * prefix blob (docs/FORMAT.md §3.1), named by its content hash, referenced here. */
+    const int shared = n_prefix > 0;
+    uint32_t *counts = calloc((size_t)nlh, sizeof *counts);   /* (n_layer, n_kv_head) context rows */
+    uint32_t *pcounts = calloc((size_t)nlh, sizeof *pcounts); /* (n_layer, n_kv_head) = n_prefix */
+    kvz_blob_meta bm, pm;
     fill_meta(m, o, n_prefix, n_ctx, counts, &bm);
-    uint8_t params[KVZ_BLOB_PARAMS_SIZE];
+    uint8_t params[KVZ_BLOB_PARAMS_SIZE], phash[16] = {0};
+    if (shared) {
+        bm.prefix_policy = KVZ_PREFIX_SHARED;
+        prefix_meta(&bm, pcounts, &pm);
+        kvz_blob_params_bytes(&pm, params);
+        kvz_blob_content_hash(pm.fingerprint, params, sizeof params, (size_t)n_prefix, all.ids, phash);
+        memcpy(bm.prefix_ref, phash, 16);
+    }
     kvz_blob_params_bytes(&bm, params);
     kvz_blob_content_hash(bm.fingerprint, params, sizeof params, all.n, all.ids, res->hash);
 
@@ -121,14 +197,26 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
         }
         goto done;
     }
+    /* the prefix blob already stored: its K/V is the cache's start (no prefill) */
+    const int have_prefix = shared ? kvz_store_has_prefix(st, phash) : 0;
+    if (have_prefix < 0) {
+        rc = have_prefix;
+        goto done;
+    }
 
     /* score, select */
     kvz_kv *kv = NULL;
     float *scores = malloc(sizeof(float) * (size_t)res->pairs_total);
     uint8_t *keep = malloc((size_t)res->pairs_total);
-    uint8_t **recs = calloc((size_t)c->n_layer + 1, sizeof *recs);
-    kvz_store_rec *srec = calloc((size_t)c->n_layer, sizeof *srec);
-    if (!scores || !keep || !recs || !srec || !counts) {
+    uint8_t **recs = calloc(2 * ((size_t)c->n_layer + 1), sizeof *recs); /* doc, then prefix */
+    kvz_store_rec *srec = calloc(2 * (size_t)c->n_layer, sizeof *srec);
+    float *kf = malloc(sizeof(float) * (size_t)(n_prefix + n_ctx) * hd);
+    float *vf = malloc(sizeof(float) * (size_t)(n_prefix + n_ctx) * hd);
+    int32_t *pf = malloc(sizeof(int32_t) * (size_t)(n_prefix + n_ctx));
+    uint32_t *pos = malloc(sizeof(uint32_t) * (size_t)(n_prefix + n_ctx) * H);
+    uint8_t *kb = malloc(rb * (size_t)(n_prefix + n_ctx) * H);
+    uint8_t *vb = malloc(rb * (size_t)(n_prefix + n_ctx) * H);
+    if (!scores || !keep || !recs || !srec || !counts || !pcounts || !kf || !vf || !pf || !pos || !kb || !vb) {
         rc = KVZ_ERR_NOMEM;
         goto free_work;
     }
@@ -143,109 +231,144 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
 #ifdef KVZ_HAVE_CUDA
     compact = kvz_model_device(m) == KVZ_DEVICE_CUDA;
 #endif
-    if ((rc = kvz_kvzip_score(m, kv, all.ids, n_prefix, ctx, n_ctx, &o->kp, compact ? NULL : scores,
-                              o->progress, o->progress_ctx)))
-        goto free_work;
+    if (have_prefix) {
+        /* stored prefix rows, then prefill only the context, then the repeat passes */
+        int64_t total = (int64_t)n_ctx, done_tok = 0;
+        for (int32_t t0c = 0; t0c < n_ctx; t0c += o->kp.chunk)
+            total += (n_ctx - t0c < o->kp.chunk ? n_ctx - t0c : o->kp.chunk) + 32;
+        if ((rc = load_prefix(st, phash, bm.fingerprint, &pm, kv))) goto free_work;
+        const int32_t step = o->kp.prefill_chunk > 0 ? o->kp.prefill_chunk : 4096;
+        for (int32_t s0 = 0; s0 < n_ctx && !rc; s0 += step) {
+            const int32_t nb = n_ctx - s0 < step ? n_ctx - s0 : step;
+            rc = kvz_forward(m, kv, ctx + s0, nb, n_prefix + s0, NULL, KVZ_FWD_NO_LOGITS, NULL);
+            done_tok += nb;
+            if (!rc && o->progress) rc = o->progress(o->progress_ctx, done_tok, total);
+        }
+        if (!rc)
+            rc = kvz_kvzip_score_chunks(m, kv, n_prefix, ctx, n_ctx, &o->kp, compact ? NULL : scores,
+                                        o->progress, o->progress_ctx, done_tok, total);
+    } else {
+        rc = kvz_kvzip_score(m, kv, all.ids, n_prefix, ctx, n_ctx, &o->kp, compact ? NULL : scores,
+                             o->progress, o->progress_ctx);
+    }
+    if (rc) goto free_work;
+
+    /* the prefix blob's records, when the store lacks them: rows 0..n_prefix-1 */
+    uint8_t **precs = recs + c->n_layer + 1;
+    kvz_store_rec *psrec = srec + c->n_layer;
+    size_t pmeta_len = 0;
+    if (shared && !have_prefix) {
+        rc = kvz_blob_encode_meta(&pm, o->zstd_level, &precs[c->n_layer], &pmeta_len);
+        for (int l = 0; l < c->n_layer && !rc; l++) {
+            size_t row = 0, len = 0;
+            for (int h = 0; h < H && !rc; h++) {
+                if ((rc = kvz_kv_get_head(kv, l, h, kf, vf, pf))) break;
+                for (int32_t j = 0; j < n_prefix; j++, row++) pos[row] = (uint32_t)j;
+                if (!(rc = kvz_kvrow_encode(o->dtype, kf, (size_t)n_prefix, (size_t)hd, kb + (row - n_prefix) * rb)))
+                    rc = kvz_kvrow_encode(o->dtype, vf, (size_t)n_prefix, (size_t)hd, vb + (row - n_prefix) * rb);
+            }
+            if (!rc) rc = kvz_blob_encode_layer(&pm, (uint32_t)l, pos, kb, vb, o->zstd_level, &precs[l], &len);
+            psrec[l] = (kvz_store_rec){precs[l], len};
+        }
+        if (rc) goto free_work;
+    }
+
     int64_t kept;
 #ifdef KVZ_HAVE_CUDA
     if (compact) { /* the cache then holds only kept rows */
         kept = kvz_cuda_kvzip_select(kv, n_prefix, n_ctx, o->kp.ratio, o->kp.mode, keep, counts);
     } else
 #endif
-        kept = kvz_kvzip_select(scores, c->n_layer, c->n_kv_head, n_ctx, o->kp.ratio,
-                                o->kp.mode, keep, counts);
+        kept = kvz_kvzip_select(scores, c->n_layer, H, n_ctx, o->kp.ratio, o->kp.mode, keep, counts);
     if (kept < 0) {
         rc = (int)kept;
         goto free_work;
     }
     res->pairs_kept = kept;
-    for (int i = 0; i < nlh; i++) counts[i] += (uint32_t)n_prefix; /* prefix always kept */
+    if (!shared)
+        for (int i = 0; i < nlh; i++) counts[i] += (uint32_t)n_prefix; /* (no prefix: +0) */
     res->bytes_kept = (uint64_t)(kept + (int64_t)nlh * n_prefix) * 2u * rb;
     info.bytes_kv_kept = res->bytes_kept;
 
-    /* encode: one META + one LAYER record per layer */
+    /* encode: one META + one LAYER record per layer, context rows only (SHARED) */
     size_t meta_len;
     if ((rc = kvz_blob_encode_meta(&bm, o->zstd_level, &recs[c->n_layer], &meta_len))) goto free_work;
-    {
-        uint32_t max_rows = 0;
-        for (int i = 0; i < nlh; i++) max_rows = counts[i] > max_rows ? counts[i] : max_rows;
-        uint32_t *pos = malloc(sizeof(uint32_t) * (size_t)max_rows * c->n_kv_head);
-        uint8_t *kb = malloc(rb * (size_t)max_rows * c->n_kv_head);
-        uint8_t *vb = malloc(rb * (size_t)max_rows * c->n_kv_head);
-        float *kf = malloc(sizeof(float) * (size_t)(n_prefix + n_ctx) * hd);
-        float *vf = malloc(sizeof(float) * (size_t)(n_prefix + n_ctx) * hd);
-        int32_t *pf = malloc(sizeof(int32_t) * (size_t)(n_prefix + n_ctx));
-        if (!pos || !kb || !vb || !kf || !vf || !pf) rc = KVZ_ERR_NOMEM;
-        for (int l = 0; l < c->n_layer && !rc; l++) {
-            size_t row = 0;
+    const int32_t skip = shared ? n_prefix : 0; /* prefix rows live in the prefix blob */
+    for (int l = 0; l < c->n_layer && !rc; l++) {
+        size_t row = 0, len = 0;
 #ifdef KVZ_HAVE_CUDA
-            if (compact) { /* the compacted device cache holds exactly the stored rows:
-                              converted on the GPU, one pinned copy per layer */
-                const uint32_t *dp;
-                const void *dk, *dv;
-                size_t len = 0;
-                const int quant = o->dtype > KVZ_DTYPE_BF16; /* q8/q4: fp32 rows, quantised here */
-                rc = kvz_cuda_kv_export_layer(kv, l, quant ? KVZ_DTYPE_F32 : o->dtype, &dp, &dk, &dv);
-                if (!rc && quant) {
-                    const size_t n = kvz_blob_layer_kept(&bm, (uint32_t)l);
-                    if (!(rc = kvz_kvrow_encode(o->dtype, dk, n, (size_t)hd, kb)))
-                        rc = kvz_kvrow_encode(o->dtype, dv, n, (size_t)hd, vb);
-                    dk = kb;
-                    dv = vb;
-                }
-                if (!rc) rc = kvz_blob_encode_layer(&bm, (uint32_t)l, dp, dk, dv, o->zstd_level, &recs[l], &len);
-                srec[l].data = recs[l];
-                srec[l].len = len;
-                continue;
+        if (compact) { /* the compacted device cache holds exactly prefix + kept rows per head:
+                          converted on the GPU, one pinned copy per layer */
+            const uint32_t *dp;
+            const void *dk, *dv;
+            const int quant = o->dtype > KVZ_DTYPE_BF16; /* q8/q4: fp32 rows, quantised here */
+            rc = kvz_cuda_kv_export_layer(kv, l, quant ? KVZ_DTYPE_F32 : o->dtype, &dp, &dk, &dv);
+            size_t n = 0;
+            for (int h = 0; h < H; h++) n += skip + counts[(size_t)l * H + h];
+            if (!rc && quant) {
+                if (!(rc = kvz_kvrow_encode(o->dtype, dk, n, (size_t)hd, kb)))
+                    rc = kvz_kvrow_encode(o->dtype, dv, n, (size_t)hd, vb);
+                dk = kb;
+                dv = vb;
             }
-#endif
-            for (int h = 0; h < c->n_kv_head && !rc; h++) {
-                if ((rc = kvz_kv_get_head(kv, l, h, kf, vf, pf))) break;
-                const uint8_t *kp = keep + ((size_t)l * c->n_kv_head + h) * n_ctx;
-                const int32_t nrows = compact ? (int32_t)counts[(size_t)l * c->n_kv_head + h]
-                                              : n_prefix + n_ctx;
-                for (int32_t j = 0; j < nrows; j++) {
-                    if (!compact && j >= n_prefix && !kp[j - n_prefix]) continue;
-                    pos[row] = (uint32_t)pf[j];
-                    if ((rc = kvz_kvrow_encode(o->dtype, kf + (size_t)j * hd, 1, (size_t)hd, kb + row * rb)) ||
-                        (rc = kvz_kvrow_encode(o->dtype, vf + (size_t)j * hd, 1, (size_t)hd, vb + row * rb)))
-                        break;
-                    row++;
+            if (!rc) { /* per head, past its prefix rows */
+                const uint32_t *hp[64];
+                const void *hk[64], *hv[64];
+                size_t off = 0;
+                if (H > 64) rc = kvz_error_set(KVZ_ERR_UNSUPPORTED, "more than 64 KV heads");
+                for (int h = 0; h < H && !rc; h++) {
+                    hp[h] = dp + off + skip;
+                    hk[h] = (const uint8_t *)dk + (off + skip) * rb;
+                    hv[h] = (const uint8_t *)dv + (off + skip) * rb;
+                    off += skip + counts[(size_t)l * H + h];
                 }
+                if (!rc) rc = kvz_blob_encode_layer_heads(&bm, (uint32_t)l, hp, hk, hv, o->zstd_level, &recs[l], &len);
             }
-            size_t len = 0;
-            if (!rc) rc = kvz_blob_encode_layer(&bm, (uint32_t)l, pos, kb, vb, o->zstd_level, &recs[l], &len);
-            srec[l].data = recs[l];
-            srec[l].len = len;
+            srec[l] = (kvz_store_rec){recs[l], len};
+            continue;
         }
-        free(pos); free(kb); free(vb); free(kf); free(vf); free(pf);
+#endif
+        for (int h = 0; h < H && !rc; h++) {
+            if ((rc = kvz_kv_get_head(kv, l, h, kf, vf, pf))) break;
+            const uint8_t *kp = keep + ((size_t)l * H + h) * n_ctx;
+            for (int32_t j = skip; j < n_prefix + n_ctx; j++) {
+                if (j >= n_prefix && !kp[j - n_prefix]) continue;
+                pos[row] = (uint32_t)pf[j];
+                if ((rc = kvz_kvrow_encode(o->dtype, kf + (size_t)j * hd, 1, (size_t)hd, kb + row * rb)) ||
+                    (rc = kvz_kvrow_encode(o->dtype, vf + (size_t)j * hd, 1, (size_t)hd, vb + row * rb)))
+                    break;
+                row++;
+            }
+        }
+        if (!rc) rc = kvz_blob_encode_layer(&bm, (uint32_t)l, pos, kb, vb, o->zstd_level, &recs[l], &len);
+        srec[l] = (kvz_store_rec){recs[l], len};
     }
     if (rc) goto free_work;
     kvz_store_rec mrec = {recs[c->n_layer], meta_len};
-    rc = kvz_store_put_doc(st, doc_id, res->hash, &info, &mrec, srec, (uint32_t)c->n_layer, &res->status);
+    if (shared) {
+        kvz_store_rec pmrec = {precs[c->n_layer], pmeta_len};
+        rc = kvz_store_put_doc_shared(st, doc_id, res->hash, &info, &mrec, srec, (uint32_t)c->n_layer, phash,
+                                      have_prefix ? NULL : &pmrec, have_prefix ? NULL : psrec,
+                                      &res->status, NULL);
+    } else {
+        rc = kvz_store_put_doc(st, doc_id, res->hash, &info, &mrec, srec, (uint32_t)c->n_layer, &res->status);
+    }
     if (!rc && kvz_store_lookup(st, doc_id, &old) == 0) res->bytes_stored = old.bytes_stored;
 free_work:
     if (recs)
-        for (int l = 0; l <= c->n_layer; l++) free(recs[l]);
+        for (int l = 0; l < 2 * (c->n_layer + 1); l++) free(recs[l]);
     free(recs);
     free(srec);
     free(scores);
     free(keep);
+    free(kf); free(vf); free(pf); free(pos); free(kb); free(vb);
     kvz_kv_free(kv);
 done:
     free(counts);
+    free(pcounts);
     kvz_tokens_free(&all);
     res->seconds = kvz_now() - t0;
     return rc;
-}
-
-/* Prefix the error detail with the record it came from ("layer 3 record: ..."). */
-static int record_err(int rc, const char *what, uint32_t l)
-{
-    char d[400];
-    snprintf(d, sizeof d, "%s", kvz_error_detail());
-    if (l == KVZ_BLOB_META_LAYER) return kvz_error_set(rc, "%sMETA record: %s", what, d);
-    return kvz_error_set(rc, "%slayer %u record: %s", what, l, d);
 }
 
 int kvz_doc_load(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_rows,
@@ -262,12 +385,13 @@ int kvz_doc_load(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     if (rc) return rc;
     const uint8_t *rec;
     size_t len;
-    kvz_blob_meta bm;
+    kvz_blob_meta bm, pm; /* the document's blob; its shared prefix blob (SHARED) */
     memset(&bm, 0, sizeof bm);
+    memset(&pm, 0, sizeof pm);
     kvz_kv *kv = NULL;
-    float *kf = NULL, *vf = NULL;
+    float *kf = NULL, *vf = NULL, *ck = NULL, *cv = NULL;
     int32_t *pf = NULL;
-    uint32_t *pos = NULL;
+    uint32_t *pos = NULL, *cnt = NULL;
     void *kb = NULL, *vb = NULL;
     if ((rc = kvz_store_read_doc(r, doc_id, &meta->info))) {
         if (rc == KVZ_ERR_NOTFOUND) kvz_error_set(rc, "no document '%s' in the store", doc_id);
@@ -283,6 +407,21 @@ int kvz_doc_load(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
         rc = kvz_error_set(KVZ_ERR_FORMAT, "blob dims differ from the model's");
         goto out;
     }
+    /* SHARED: the prefix rows come from the prefix blob, P per head, placed first */
+    const uint32_t P = bm.prefix_policy == KVZ_PREFIX_SHARED ? bm.n_prefix : 0, H = bm.n_kv_head;
+    if (P) {
+        if ((rc = kvz_store_read_prefix(r, bm.prefix_ref, KVZ_BLOB_META_LAYER, &rec, &len)) ||
+            (rc = kvz_blob_decode_meta(rec, len, fp, &pm))) {
+            rc = record_err(rc, "shared prefix ", KVZ_BLOB_META_LAYER);
+            goto out;
+        }
+        if (pm.n_layer != bm.n_layer || pm.n_kv_head != H || pm.head_dim != bm.head_dim ||
+            pm.n_head != bm.n_head || pm.dtype != bm.dtype || pm.n_prefix != P || pm.n_context != 0 ||
+            pm.prefix_policy != KVZ_PREFIX_KEEP) {
+            rc = kvz_error_set(KVZ_ERR_FORMAT, "shared prefix blob does not fit the document's blob");
+            goto out;
+        }
+    }
     meta->n_prefix = (int32_t)bm.n_prefix;
     meta->n_ctx = (int32_t)bm.n_context;
     meta->ratio = bm.ratio;
@@ -290,40 +429,75 @@ int kvz_doc_load(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     meta->mode = bm.mode;
     uint32_t max_rows = 0, max_layer = 0;
     for (uint32_t l = 0; l < bm.n_layer; l++) {
-        const uint64_t k = kvz_blob_layer_kept(&bm, l);
+        const uint64_t k = kvz_blob_layer_kept(&bm, l) + (uint64_t)P * H;
         meta->rows += k;
         if (k > max_layer) max_layer = (uint32_t)k;
-        for (uint32_t h = 0; h < bm.n_kv_head; h++)
-            if (bm.counts[l * bm.n_kv_head + h] > max_rows) max_rows = bm.counts[l * bm.n_kv_head + h];
+        for (uint32_t h = 0; h < H; h++)
+            if (P + bm.counts[l * H + h] > max_rows) max_rows = P + bm.counts[l * H + h];
     }
     if ((rc = kvz_kv_create(m, (int64_t)max_rows + extra_rows, out_slots, &kv))) goto out;
     const size_t rb = kvz_blob_kv_row_bytes(&bm), hd = bm.head_dim;
+    /* (max_layer) rows: the prefix rows (P*H) first, then the document's */
     pos = malloc(sizeof(uint32_t) * (max_layer + 1));
     pf = malloc(sizeof(int32_t) * (max_layer + 1));
+    cnt = malloc(sizeof(uint32_t) * H);
     kb = malloc(rb * (max_layer + 1));
     vb = malloc(rb * (max_layer + 1));
     kf = malloc(sizeof(float) * (max_layer + 1) * hd);
     vf = malloc(sizeof(float) * (max_layer + 1) * hd);
-    if (!pos || !pf || !kb || !vb || !kf || !vf) {
+    ck = P ? malloc(sizeof(float) * (max_layer + 1) * hd) : NULL;
+    cv = P ? malloc(sizeof(float) * (max_layer + 1) * hd) : NULL;
+    if (!pos || !pf || !cnt || !kb || !vb || !kf || !vf || (P && (!ck || !cv))) {
         rc = KVZ_ERR_NOMEM;
         goto out;
     }
+    const size_t pr = (size_t)P * H; /* prefix rows of a layer */
     for (uint32_t l = 0; l < bm.n_layer; l++) {
+        if (P && ((rc = kvz_store_read_prefix(r, bm.prefix_ref, l, &rec, &len)) ||
+                  (rc = kvz_blob_decode_layer(&pm, l, rec, len, pos, kb, vb)))) {
+            rc = record_err(rc, "shared prefix ", l);
+            goto out;
+        }
         if ((rc = kvz_store_read_layer(r, meta->info.hash, l, &rec, &len)) ||
-            (rc = kvz_blob_decode_layer(&bm, l, rec, len, pos, kb, vb))) {
+            (rc = kvz_blob_decode_layer(&bm, l, rec, len, pos + pr, (uint8_t *)kb + pr * rb,
+                                        (uint8_t *)vb + pr * rb))) {
             rc = record_err(rc, "", l);
             goto out;
         }
-        const uint64_t n = kvz_blob_layer_kept(&bm, l);
-        for (uint64_t i = 0; i < n; i++) pf[i] = (int32_t)pos[i];
+        const uint64_t n = pr + kvz_blob_layer_kept(&bm, l);
         if ((rc = kvz_kvrow_decode(bm.dtype, kb, n, hd, kf)) || (rc = kvz_kvrow_decode(bm.dtype, vb, n, hd, vf)))
             goto out;
-        if ((rc = kvz_kv_set_layer(kv, (int32_t)l, bm.counts + l * bm.n_kv_head, pf, kf, vf))) goto out;
+        const float *lk = kf, *lv = vf;
+        for (uint64_t i = 0; i < n; i++) pf[i] = (int32_t)pos[i];
+        for (uint32_t h = 0; h < H; h++) cnt[h] = P + bm.counts[l * H + h];
+        if (P) { /* head-major: head h = its P prefix rows, then its document rows */
+            int32_t *cp = (int32_t *)malloc(sizeof(int32_t) * n);
+            if (!cp) { rc = KVZ_ERR_NOMEM; goto out; }
+            size_t o = 0, d = pr;
+            for (uint32_t h = 0; h < H; h++) {
+                memcpy(ck + o * hd, kf + (size_t)h * P * hd, sizeof(float) * P * hd);
+                memcpy(cv + o * hd, vf + (size_t)h * P * hd, sizeof(float) * P * hd);
+                for (uint32_t i = 0; i < P; i++) cp[o + i] = (int32_t)pos[(size_t)h * P + i];
+                o += P;
+                const size_t c_h = bm.counts[l * H + h];
+                memcpy(ck + o * hd, kf + d * hd, sizeof(float) * c_h * hd);
+                memcpy(cv + o * hd, vf + d * hd, sizeof(float) * c_h * hd);
+                for (size_t i = 0; i < c_h; i++) cp[o + i] = (int32_t)pos[d + i];
+                o += c_h;
+                d += c_h;
+            }
+            memcpy(pf, cp, sizeof(int32_t) * n);
+            free(cp);
+            lk = ck;
+            lv = cv;
+        }
+        if ((rc = kvz_kv_set_layer(kv, (int32_t)l, cnt, pf, lk, lv))) goto out;
     }
 out:
     kvz_store_read_end(r);
     kvz_blob_meta_free(&bm);
-    free(pos); free(pf); free(kb); free(vb); free(kf); free(vf);
+    kvz_blob_meta_free(&pm);
+    free(pos); free(pf); free(cnt); free(kb); free(vb); free(kf); free(vf); free(ck); free(cv);
     if (rc) {
         kvz_kv_free(kv);
         return rc;

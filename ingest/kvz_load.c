@@ -142,7 +142,7 @@ static void *load_worker(void *arg)
         rc = kvz_store_read_layer(r, j->hash, l, &rec, &len);
         const uint8_t *prec = NULL;
         size_t plen = 0;
-        if (!rc && j->pm && (rc = kvz_store_read_layer(r, j->pm_hash, l, &prec, &plen)) == KVZ_ERR_NOTFOUND)
+        if (!rc && j->pm && (rc = kvz_store_read_prefix(r, j->pm_hash, l, &prec, &plen)) == KVZ_ERR_NOTFOUND)
             rc = kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
         const uint64_t pk = j->pm ? kvz_blob_layer_kept(j->pm, l) : 0;
         if (!rc && j->gpu) {
@@ -272,7 +272,7 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
             rc = kvz_error_set(KVZ_ERR_FORMAT, "document '%s': its META record is missing", doc_id);
         }
         if (!rc && bm.prefix_policy == KVZ_PREFIX_SHARED) { /* the system prefix, stored once */
-            rc = kvz_store_read_meta(r, bm.prefix_ref, &rec, &len);
+            rc = kvz_store_read_prefix(r, bm.prefix_ref, KVZ_BLOB_META_LAYER, &rec, &len);
             if (rc == KVZ_ERR_NOTFOUND)
                 rc = kvz_error_set(KVZ_ERR_FORMAT, "document '%s': its shared prefix blob is not in the store", doc_id);
             else if (!rc)

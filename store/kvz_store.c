@@ -31,12 +31,23 @@ struct kvz_store {
     /* Held shared by every transaction of this process, exclusively while the
      * map is resized (mdb_env_set_mapsize needs no live transaction). */
     pthread_rwlock_t lock;
+    /* shared system prefixes (docs/FORMAT.md §6.6): "prefixes" database, opened at
+     * open when present, else created by the first kvz_store_put_doc_shared */
+    MDB_dbi prefixes;
+    volatile int have_prefixes;
 };
 
 struct kvz_store_read {
     kvz_store *s;
     MDB_txn *txn;
 };
+
+/* shared-prefix hooks of gc and verify (defined with the prefix API at the end) */
+static int gc_prefixes(kvz_store *s, MDB_txn *txn, kvz_store_gc_result *r);
+typedef struct vstate vstate;
+static void verify_prefix_ref(kvz_store *s, MDB_txn *txn, vstate *v, const char *hx,
+                              const kvz_blob_meta *m, const uint8_t *fp);
+static void verify_prefix_blobs(kvz_store *s, MDB_txn *txn, vstate *v, const uint8_t *fp);
 
 #define KEY_SIZE 20            /* hash[16] || u32 BE record index */
 #define REFS_SIZE 16           /* u32 refcount, u32 n_records, u64 bytes */
@@ -298,6 +309,11 @@ static int open_init(kvz_store *s, int create)
                                 DB_NAMES[i]);
         else if (rc)
             err = lmdb_err(rc, "open database");
+    }
+    if (!err) { /* optional: present once a shared prefix was stored */
+        rc = mdb_dbi_open(txn, "prefixes", 0, &s->prefixes);
+        s->have_prefixes = rc == 0;
+        if (rc && rc != MDB_NOTFOUND) err = lmdb_err(rc, "open database");
     }
     MDB_val k = {14, "format_version"}, v;
     if (!err) {
@@ -856,12 +872,12 @@ static uint64_t names_of(const hash_set *hs, const uint8_t *hash)
 
 /* ---- verify ---- */
 
-typedef struct {
+struct vstate {
     kvz_store_problem_fn cb;
     void *user;
     kvz_store_verify_result r;
     int stop;
-} vstate;
+};
 
 __attribute__((format(printf, 3, 4)))
 static void problem(vstate *v, int err, const char *fmt, ...)
@@ -897,6 +913,7 @@ static void verify_blob(kvz_store *s, MDB_txn *txn, vstate *v, const uint8_t *ha
         problem(v, err, "blob %s: META record: %s", hx, kvz_error_detail());
         return;
     }
+    if (m.prefix_policy == KVZ_PREFIX_SHARED) verify_prefix_ref(s, txn, v, hx, &m, fp);
     uint64_t bytes = val.mv_size;
     uint32_t found = 1;
     for (uint32_t l = 0; l < m.n_layer && !v->stop; l++) {
@@ -1064,6 +1081,7 @@ int kvz_store_verify(kvz_store *s, kvz_store_problem_fn cb, void *user,
     mdb_cursor_close(c);
     c = NULL;
     if (rc && rc != MDB_NOTFOUND) err = lmdb_err(rc, "walk blobs");
+    if (!err && !v.stop) verify_prefix_blobs(s, txn, &v, fpp); /* shared prefixes, each once */
 out:
     if (c) mdb_cursor_close(c);
     free(hs.h);
@@ -1185,7 +1203,9 @@ static int gc_body(kvz_store *s, MDB_txn *txn, void *vctx)
         if ((err = drop_records(s, txn, orphan, g))) goto out;
         g->r.orphan_records += g->r.records_dropped - before;
     }
-    if (!g->r.blobs_dropped && !g->r.refs_fixed && !g->r.orphan_records) err = NOOP_INTERNAL;
+    if ((err = gc_prefixes(s, txn, &g->r))) goto out; /* after the blobs: their META name the prefixes */
+    if (!g->r.blobs_dropped && !g->r.refs_fixed && !g->r.orphan_records && !g->r.prefixes_dropped)
+        err = NOOP_INTERNAL;
 out:
     if (c) mdb_cursor_close(c);
     free(drop);
@@ -1373,4 +1393,420 @@ abort:
     mdb_txn_abort(w);
     pthread_rwlock_unlock(&s->lock);
     return err;
+}
+
+/* ========================================================================= */
+/* Shared system prefix (docs/FORMAT.md §3.1, §6.6)                            */
+
+#define PREFIX_DB "prefixes"
+
+/* The "prefixes" handle for @p txn: the one opened at open, else opened now
+ * (created when @p create, in a write transaction). 1 = none exists. */
+static int prefix_dbi(kvz_store *s, MDB_txn *txn, int create, MDB_dbi *out)
+{
+    if (s->have_prefixes) { *out = s->prefixes; return 0; }
+    int rc = mdb_dbi_open(txn, PREFIX_DB, create ? MDB_CREATE : 0, out);
+    if (rc == MDB_NOTFOUND) return 1;
+    return rc ? body_rc(rc, "open prefixes database") : 0;
+}
+
+int kvz_store_read_prefix(kvz_store_read *r, const uint8_t hash[16], uint32_t index,
+                          const uint8_t **rec, size_t *len)
+{
+    if (!r || !hash || !rec || !len) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    *rec = NULL;
+    *len = 0;
+    char hx[33];
+    hex16(hash, hx);
+    MDB_dbi dbi;
+    int err = prefix_dbi(r->s, r->txn, 0, &dbi);
+    if (err < 0) return err;
+    uint8_t key[KEY_SIZE];
+    make_key(key, hash, index);
+    MDB_val k = {KEY_SIZE, key}, v;
+    int rc = err == 1 ? MDB_NOTFOUND : mdb_get(r->txn, dbi, &k, &v);
+    if (rc == MDB_NOTFOUND)
+        return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: shared prefix %s: no record %08x", hx, index);
+    if (rc) return lmdb_err(rc, "read prefix record");
+    kvz_blob_info bi;
+    if ((err = kvz_blob_check(v.mv_data, v.mv_size, &bi))) return err;
+    if (bi.layer != index)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: prefix record %08x holds layer %08x", index, bi.layer);
+    *rec = v.mv_data;
+    *len = v.mv_size;
+    return 0;
+}
+
+int kvz_store_has_prefix(kvz_store *s, const uint8_t hash[16])
+{
+    if (!s || !hash) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    kvz_store_read *r;
+    int err = kvz_store_read_begin(s, &r);
+    if (err) return err;
+    MDB_dbi dbi;
+    err = prefix_dbi(s, r->txn, 0, &dbi);
+    if (err == 0) {
+        uint8_t key[KEY_SIZE];
+        make_key(key, hash, KVZ_BLOB_META_LAYER);
+        MDB_val k = {KEY_SIZE, key}, v;
+        int rc = mdb_get(r->txn, dbi, &k, &v);
+        err = rc == 0 ? 1 : rc == MDB_NOTFOUND ? 0 : lmdb_err(rc, "read prefix");
+    } else if (err == 1) {
+        err = 0;
+    }
+    kvz_store_read_end(r);
+    return err;
+}
+
+int kvz_store_prefix_stats(kvz_store *s, uint64_t *n_prefixes, uint64_t *bytes)
+{
+    if (n_prefixes) *n_prefixes = 0;
+    if (bytes) *bytes = 0;
+    if (!s) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL store");
+    kvz_store_read *r;
+    int err = kvz_store_read_begin(s, &r);
+    if (err) return err;
+    MDB_dbi dbi;
+    MDB_cursor *c;
+    err = prefix_dbi(s, r->txn, 0, &dbi);
+    if (err == 0 && !(err = mdb_cursor_open(r->txn, dbi, &c))) {
+        MDB_val k, v;
+        int rc;
+        for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+            if (bytes) *bytes += v.mv_size;
+            if (n_prefixes && k.mv_size == KEY_SIZE && get32((const uint8_t *)k.mv_data + 16) == 0xFFFFFFFFu)
+                (*n_prefixes)++;
+        }
+        mdb_cursor_close(c);
+        err = rc == MDB_NOTFOUND ? 0 : lmdb_err(rc, "walk prefixes");
+    } else if (err > 0) {
+        err = err == 1 ? 0 : lmdb_err(err, "cursor");
+    }
+    kvz_store_read_end(r);
+    return err;
+}
+
+/* Verify a blob's records before a write (as kvz_store_put_doc does): META
+ * decodes, n_layers LAYER records of this blob in order. @p m: decoded META. */
+static int check_records(const kvz_store_rec *meta, const kvz_store_rec *layers, uint32_t n_layers,
+                         kvz_blob_meta *m, uint64_t *bytes, const char *what)
+{
+    int err = kvz_blob_decode_meta(meta->data, meta->len, NULL, m);
+    if (err) return err;
+    if (n_layers != m->n_layer || !layers)
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_store: %s: %u layer records for a %u-layer blob", what,
+                             n_layers, m->n_layer);
+    const uint64_t id = kvz_blob_meta_id(m);
+    *bytes = meta->len;
+    for (uint32_t l = 0; l < n_layers; l++) {
+        kvz_blob_info bi;
+        if (!layers[l].data) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: %s: layer %u NULL", what, l);
+        if ((err = kvz_blob_check(layers[l].data, layers[l].len, &bi))) return err;
+        if (bi.kind != KVZ_BLOB_KIND_LAYER || bi.layer != l || bi.blob_id != id ||
+            bi.raw_size != kvz_blob_layer_raw_size(m, l))
+            return kvz_error_set(KVZ_ERR_FORMAT, "kvz_store: %s: record %u is not layer %u of this blob",
+                                 what, l, l);
+        *bytes += layers[l].len;
+    }
+    return 0;
+}
+
+/* Does prefix blob META @p p fit document blob META @p d? NULL when it does. */
+static const char *prefix_mismatch(const kvz_blob_meta *p, const kvz_blob_meta *d)
+{
+    if (memcmp(p->fingerprint, d->fingerprint, 16)) return "made by another model";
+    if (p->n_layer != d->n_layer || p->n_head != d->n_head || p->n_kv_head != d->n_kv_head ||
+        p->head_dim != d->head_dim)
+        return "other dims";
+    if (p->dtype != d->dtype) return "other dtype";
+    if (p->n_prefix != d->n_prefix) return "other n_prefix";
+    if (p->n_context != 0 || p->prefix_policy != KVZ_PREFIX_KEEP) return "not a prefix blob";
+    return NULL;
+}
+
+typedef struct {
+    put_ctx pc;                 /* the document (put_body) */
+    const uint8_t *prefix_hash;
+    const kvz_store_rec *pmeta, *players;
+    uint32_t n_players;
+    MDB_dbi dbi;
+    int written;
+} shared_ctx;
+
+static int put_shared_body(kvz_store *s, MDB_txn *txn, void *vctx)
+{
+    shared_ctx *c = vctx;
+    c->written = 0;
+    int err = prefix_dbi(s, txn, 1, &c->dbi);
+    if (err) return err < 0 ? err : kvz_error_set(KVZ_ERR_LMDB, "kvz_store: cannot create prefixes");
+    uint8_t key[KEY_SIZE];
+    make_key(key, c->prefix_hash, KVZ_BLOB_META_LAYER);
+    MDB_val k = {KEY_SIZE, key}, v;
+    int rc = mdb_get(txn, c->dbi, &k, &v);
+    if (rc == MDB_NOTFOUND) {
+        if (!c->pmeta) {
+            char hx[33];
+            hex16(c->prefix_hash, hx);
+            return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: shared prefix %s is not stored", hx);
+        }
+        for (uint32_t i = 0; i <= c->n_players; i++) {
+            const kvz_store_rec *rec = i == 0 ? c->pmeta : &c->players[i - 1];
+            make_key(key, c->prefix_hash, i == 0 ? KVZ_BLOB_META_LAYER : i - 1);
+            MDB_val kk = {KEY_SIZE, key}, vv = {rec->len, (void *)rec->data};
+            if ((err = body_rc(mdb_put(txn, c->dbi, &kk, &vv, 0), "write prefix record"))) return err;
+        }
+        c->written = 1;
+    } else if (rc) {
+        return body_rc(rc, "read prefix");
+    }
+    err = put_body(s, txn, &c->pc);
+    if (err == NOOP_INTERNAL && c->written) err = 0; /* the prefix alone is worth a commit */
+    return err;
+}
+
+int kvz_store_put_doc_shared(kvz_store *s, const char *doc_id, const uint8_t hash[16],
+                             const kvz_store_doc_info *info, const kvz_store_rec *meta,
+                             const kvz_store_rec *layers, uint32_t n_layers,
+                             const uint8_t prefix_hash[16], const kvz_store_rec *pmeta,
+                             const kvz_store_rec *players, int *status, int *prefix_written)
+{
+    if (status) *status = 0;
+    if (prefix_written) *prefix_written = 0;
+    size_t id_len = 0;
+    int err;
+    if (!s || !hash || !info || !prefix_hash) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    if ((err = check_doc_id(doc_id, &id_len))) return err;
+    if (!memchr(info->source_path, 0, KVZ_STORE_SOURCE_MAX))
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_store: source path not NUL-terminated");
+    if (!meta && (layers || n_layers))
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_store: layer records without a META record");
+    shared_ctx c = {{doc_id, id_len, hash, info, meta, layers, n_layers, NULL, 0, 0},
+                    prefix_hash, pmeta, players, 0, 0, 0};
+    kvz_blob_meta m = {0}, pm = {0};
+    uint64_t pbytes = 0;
+    if (meta) {
+        if ((err = check_records(meta, layers, n_layers, &m, &c.pc.bytes, "document blob"))) goto out;
+        if (m.prefix_policy != KVZ_PREFIX_SHARED || memcmp(m.prefix_ref, prefix_hash, 16)) {
+            err = kvz_error_set(KVZ_ERR_ARG, "kvz_store: document blob does not reference this prefix");
+            goto out;
+        }
+        c.pc.meta_fp = m.fingerprint;
+    }
+    if (pmeta) {
+        if ((err = check_records(pmeta, players, meta ? m.n_layer : 0, &pm, &pbytes, "prefix blob"))) goto out;
+        c.n_players = pm.n_layer;
+        const char *why = meta ? prefix_mismatch(&pm, &m) : NULL;
+        if (why) { err = kvz_error_set(KVZ_ERR_ARG, "kvz_store: prefix blob %s", why); goto out; }
+    }
+    err = run_write(s, put_shared_body, &c, c.pc.bytes + pbytes + INFO_FIXED + KVZ_STORE_SOURCE_MAX + 64 * 1024);
+    if (!err) {
+        if (!s->have_prefixes) { /* handle of a committed create: valid for the env from now on */
+            s->prefixes = c.dbi;
+            s->have_prefixes = 1;
+        }
+        if (status) *status = c.pc.status;
+        if (prefix_written) *prefix_written = c.written;
+    }
+out:
+    kvz_blob_meta_free(&m);
+    kvz_blob_meta_free(&pm);
+    return err;
+}
+
+/* ---- gc: drop prefixes no blob references ---- */
+
+static int gc_prefixes(kvz_store *s, MDB_txn *txn, kvz_store_gc_result *res)
+{
+    MDB_dbi dbi;
+    int err = prefix_dbi(s, txn, 0, &dbi);
+    if (err) return err < 0 ? err : 0; /* no prefixes database: nothing to do */
+    /* 1. prefix_ref of every remaining blob (META = the last record of each hash) */
+    uint8_t (*ref)[16] = NULL;
+    size_t n_ref = 0, cap = 0;
+    int keep_all = 0;
+    MDB_cursor *c = NULL;
+    MDB_val k, v;
+    int rc = mdb_cursor_open(txn, s->blobs, &c);
+    if (rc) return body_rc(rc, "cursor");
+    rc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
+    while (rc == 0) {
+        if (k.mv_size != KEY_SIZE) { rc = mdb_cursor_get(c, &k, &v, MDB_NEXT); continue; }
+        uint8_t mk[KEY_SIZE];
+        memcpy(mk, k.mv_data, 16);
+        mk[16] = mk[17] = mk[18] = mk[19] = 0xFF;
+        k = (MDB_val){KEY_SIZE, mk};
+        rc = mdb_cursor_get(c, &k, &v, MDB_SET_KEY);
+        if (rc == 0) {
+            kvz_blob_meta m;
+            if (kvz_blob_decode_meta(v.mv_data, v.mv_size, NULL, &m)) {
+                keep_all = 1; /* cannot tell what it references: keep every prefix */
+            } else {
+                if (m.prefix_policy == KVZ_PREFIX_SHARED) {
+                    if (n_ref == cap) {
+                        cap = cap ? 2 * cap : 64;
+                        void *nr = realloc(ref, cap * 16);
+                        if (!nr) { kvz_blob_meta_free(&m); err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: gc"); goto out; }
+                        ref = nr;
+                    }
+                    memcpy(ref[n_ref++], m.prefix_ref, 16);
+                }
+                kvz_blob_meta_free(&m);
+            }
+            rc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
+        } else if (rc == MDB_NOTFOUND) { /* a hash without META: move past it */
+            k = (MDB_val){KEY_SIZE, mk};
+            rc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE);
+        }
+    }
+    mdb_cursor_close(c);
+    c = NULL;
+    if (rc != MDB_NOTFOUND) { err = body_rc(rc, "walk blobs"); goto out; }
+    if (keep_all) goto out;
+    if (n_ref) qsort(ref, n_ref, 16, cmp_hash);
+    /* 2. delete the records of every unreferenced prefix, one hash at a time */
+    for (;;) {
+        uint8_t victim[16];
+        int found = 0;
+        if ((rc = mdb_cursor_open(txn, dbi, &c))) { err = body_rc(rc, "cursor"); goto out; }
+        for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+            if (k.mv_size < 16) continue;
+            if (!n_ref || !bsearch(k.mv_data, ref, n_ref, 16, cmp_hash)) {
+                memcpy(victim, k.mv_data, 16);
+                found = 1;
+                break;
+            }
+        }
+        mdb_cursor_close(c);
+        c = NULL;
+        if (rc && rc != MDB_NOTFOUND) { err = body_rc(rc, "walk prefixes"); goto out; }
+        if (!found) break;
+        uint8_t key[KEY_SIZE];
+        make_key(key, victim, 0);
+        if ((rc = mdb_cursor_open(txn, dbi, &c))) { err = body_rc(rc, "cursor"); goto out; }
+        MDB_val ck = {KEY_SIZE, key}, cv;
+        rc = mdb_cursor_get(c, &ck, &cv, MDB_SET_RANGE);
+        while (rc == 0 && ck.mv_size >= 16 && !memcmp(ck.mv_data, victim, 16)) {
+            res->records_dropped++;
+            res->bytes_dropped += cv.mv_size;
+            if ((rc = mdb_cursor_del(c, 0))) break;
+            ck = (MDB_val){KEY_SIZE, key};
+            rc = mdb_cursor_get(c, &ck, &cv, MDB_SET_RANGE);
+        }
+        mdb_cursor_close(c);
+        c = NULL;
+        if (rc && rc != MDB_NOTFOUND) { err = body_rc(rc, "delete prefix records"); goto out; }
+        res->prefixes_dropped++;
+    }
+out:
+    if (c) mdb_cursor_close(c);
+    free(ref);
+    return err;
+}
+
+/* ---- verify ---- */
+
+/* A SHARED blob: its prefix blob's META is stored and fits. */
+static void verify_prefix_ref(kvz_store *s, MDB_txn *txn, vstate *v, const char *hx,
+                              const kvz_blob_meta *m, const uint8_t *fp)
+{
+    char px[33];
+    hex16(m->prefix_ref, px);
+    MDB_dbi dbi;
+    int err = prefix_dbi(s, txn, 0, &dbi);
+    uint8_t key[KEY_SIZE];
+    make_key(key, m->prefix_ref, KVZ_BLOB_META_LAYER);
+    MDB_val k = {KEY_SIZE, key}, val;
+    int rc = err ? MDB_NOTFOUND : mdb_get(txn, dbi, &k, &val);
+    if (err < 0 || (rc && rc != MDB_NOTFOUND)) {
+        problem(v, KVZ_ERR_LMDB, "blob %s: shared prefix %s: %s", hx, px, err < 0 ? kvz_error_detail() : mdb_strerror(rc));
+        return;
+    }
+    if (rc) {
+        problem(v, KVZ_ERR_NOTFOUND, "blob %s: shared prefix %s is missing", hx, px);
+        return;
+    }
+    kvz_blob_meta pm;
+    if ((err = kvz_blob_decode_meta(val.mv_data, val.mv_size, fp, &pm))) {
+        problem(v, err, "blob %s: shared prefix %s META record: %s", hx, px, kvz_error_detail());
+        return;
+    }
+    const char *why = prefix_mismatch(&pm, m);
+    if (why) problem(v, KVZ_ERR_FORMAT, "blob %s: shared prefix %s does not fit: %s", hx, px, why);
+    kvz_blob_meta_free(&pm);
+}
+
+/* Every stored prefix blob decodes completely; no stray records. */
+static void verify_prefix_blobs(kvz_store *s, MDB_txn *txn, vstate *v, const uint8_t *fp)
+{
+    MDB_dbi dbi;
+    int err = prefix_dbi(s, txn, 0, &dbi);
+    if (err) {
+        if (err < 0) problem(v, err, "prefixes: %s", kvz_error_detail());
+        return;
+    }
+    MDB_cursor *c;
+    int rc = mdb_cursor_open(txn, dbi, &c);
+    if (rc) { problem(v, KVZ_ERR_LMDB, "prefixes: cursor: %s", mdb_strerror(rc)); return; }
+    MDB_val k, val;
+    kvz_blob_meta m = {0}; /* META of the current prefix; counts NULL when unusable */
+    int tracking = 0;
+    uint8_t cur[16];
+    char hx[33];
+    /* records of one hash come in index order, META (0xFFFFFFFF) last */
+    uint32_t expect = 0;
+    for (rc = mdb_cursor_get(c, &k, &val, MDB_FIRST); rc == 0 && !v->stop;
+         rc = mdb_cursor_get(c, &k, &val, MDB_NEXT)) {
+        if (k.mv_size != KEY_SIZE) {
+            problem(v, KVZ_ERR_FORMAT, "prefixes: key of %zu bytes (want %d)", k.mv_size, KEY_SIZE);
+            continue;
+        }
+        const uint8_t *kb = k.mv_data;
+        const uint32_t idx = (uint32_t)kb[16] << 24 | (uint32_t)kb[17] << 16 | (uint32_t)kb[18] << 8 | kb[19];
+        if (!tracking || memcmp(cur, kb, 16)) { /* first record of a new prefix */
+            kvz_blob_meta_free(&m);
+            tracking = 1;
+            memcpy(cur, kb, 16);
+            hex16(cur, hx);
+            expect = 0;
+            uint8_t mk[KEY_SIZE];
+            make_key(mk, cur, KVZ_BLOB_META_LAYER);
+            MDB_val kk = {KEY_SIZE, mk}, mv;
+            v->r.n_prefixes++;
+            if ((rc = mdb_get(txn, dbi, &kk, &mv))) {
+                problem(v, KVZ_ERR_NOTFOUND, "shared prefix %s: META record missing", hx);
+                rc = 0;
+            } else if ((err = kvz_blob_decode_meta(mv.mv_data, mv.mv_size, fp, &m))) {
+                problem(v, err, "shared prefix %s: META record: %s", hx, kvz_error_detail());
+            } else if (m.n_context != 0 || m.prefix_policy != KVZ_PREFIX_KEEP) {
+                problem(v, KVZ_ERR_FORMAT, "shared prefix %s: not a prefix blob", hx);
+                kvz_blob_meta_free(&m);
+            } else {
+                v->r.n_records++;
+            }
+        }
+        if (idx == KVZ_BLOB_META_LAYER) {
+            if (m.counts && expect != m.n_layer)
+                problem(v, KVZ_ERR_NOTFOUND, "shared prefix %s: %u of %u layer records", hx, expect, m.n_layer);
+            continue;
+        }
+        if (!m.counts) continue; /* reported above */
+        if (idx != expect || idx >= m.n_layer) {
+            problem(v, KVZ_ERR_FORMAT, "shared prefix %s: unexpected record %08x", hx, idx);
+            expect = idx + 1;
+            continue;
+        }
+        expect++;
+        v->r.n_records++;
+        const uint64_t kept = kvz_blob_layer_kept(&m, idx), kvb = kept * kvz_blob_kv_row_bytes(&m);
+        uint32_t *pos = malloc(kept * 4 + 1);
+        uint8_t *kk = malloc(kvb + 1), *vv = malloc(kvb + 1);
+        if (!pos || !kk || !vv)
+            problem(v, KVZ_ERR_NOMEM, "shared prefix %s: layer %u: out of memory", hx, idx);
+        else if ((err = kvz_blob_decode_layer(&m, idx, val.mv_data, val.mv_size, pos, kk, vv)))
+            problem(v, err, "shared prefix %s: layer %u record: %s", hx, idx, kvz_error_detail());
+        free(pos); free(kk); free(vv);
+    }
+    if (rc && rc != MDB_NOTFOUND) problem(v, KVZ_ERR_LMDB, "prefixes: walk: %s", mdb_strerror(rc));
+    mdb_cursor_close(c);
+    kvz_blob_meta_free(&m);
 }

@@ -241,6 +241,7 @@ typedef struct kvz_store_verify_result {
     uint64_t n_blobs;     /**< refs entries (blobs) checked */
     uint64_t n_records;   /**< records read and decoded */
     uint64_t n_problems;  /**< problems reported through the callback */
+    uint64_t n_prefixes;  /**< shared prefix blobs checked (kvz_store_put_doc_shared) */
 } kvz_store_verify_result;
 
 /**
@@ -263,7 +264,10 @@ typedef int (*kvz_store_problem_fn)(void *user, int err, const char *msg);
  *     (kvz_blob_decode_meta), every LAYER record 0..n_layer-1 is present and
  *     decodes completely (record checksum, zstd, payload checksum, positions),
  *     no other record carries its hash;
- *   - every "blobs" key is 20 bytes and belongs to a hash in "refs" (no orphans).
+ *   - every "blobs" key is 20 bytes and belongs to a hash in "refs" (no orphans);
+ *   - a blob with a shared prefix (version 2, policy SHARED): its prefix blob is
+ *     stored and matches it (model, dims, dtype, n_prefix); every stored prefix
+ *     blob decodes completely (checked once, however many blobs share it).
  * Each problem is reported once through @p cb (may be NULL) and counted.
  * Memory: one layer's decoded arrays at a time.
  * @param res  out (may be NULL).
@@ -281,13 +285,17 @@ typedef struct kvz_store_gc_result {
     uint64_t bytes_dropped;    /**< their bytes */
     uint64_t orphan_records;   /**< records whose hash had no refs entry (included above) */
     uint64_t refs_fixed;       /**< refcounts rewritten to the number of names */
+    uint64_t prefixes_dropped; /**< shared prefix blobs no stored blob references any more
+                                    (their records are counted in records/bytes_dropped) */
 } kvz_store_gc_result;
 
 /**
  * Garbage-collect in ONE write transaction: recount the doc ids naming each
  * hash; delete every blob no doc id names (its refs entry and records); fix
  * refcounts that disagree with the names; delete records whose hash has no refs
- * entry. With the normal write path refcounts never drift, so on a healthy store
+ * entry; delete shared prefix blobs that no remaining blob's META references (a
+ * prefix is kept while any blob references it; if some META does not decode,
+ * every prefix is kept). With the normal write path refcounts never drift, so on a healthy store
  * this finds nothing and commits nothing. Doc ids whose blob is missing are
  * left alone (kvz_store_verify reports them; re-ingest or delete them).
  * The freed pages are reused by later writes; the file does not shrink (see
@@ -331,6 +339,56 @@ int kvz_store_gc(kvz_store *s, kvz_store_gc_result *res);
  *         untouched); KVZ_ERR_BUSY; KVZ_ERR_LMDB; KVZ_ERR_NOMEM.
  */
 int kvz_store_compact(kvz_store *s, uint64_t *bytes_before, uint64_t *bytes_after);
+
+/* ------------------------------------------------------------------------- */
+/* Shared system prefix (docs/FORMAT.md §3.1, §6.6)                            */
+/*
+ * The system prefix's K/V is identical in every document of a model, so a
+ * version-2 blob with prefix policy SHARED does not hold it: it names a prefix
+ * blob (an ordinary KVZB blob with n_context 0) by its content hash, stored once
+ * in the database "prefixes" (key hash[16] || u32 BE record index, value the
+ * record, as in "blobs"; no refcount: kvz_store_gc drops a prefix once no blob
+ * references it). The database is created by the first shared put.
+ */
+
+/** 1 if the prefix blob @p hash is stored (its META record), 0 if not, or a
+ *  negative KVZ_ERR_* (KVZ_ERR_LMDB). */
+int kvz_store_has_prefix(kvz_store *s, const uint8_t hash[16]);
+
+/**
+ * kvz_store_put_doc() for a blob with a shared prefix, in ONE write transaction:
+ * write the prefix blob's records if @p prefix_hash is not stored yet, then do
+ * exactly what kvz_store_put_doc() does with the document's records. Before
+ * anything is written the records are verified as kvz_store_put_doc() does, and:
+ * the document META has policy SHARED and prefix_ref == @p prefix_hash; the
+ * prefix META (when given) has n_context 0, policy KEEP, the document's model,
+ * dims, dtype and n_prefix, and one LAYER record per layer.
+ * @param pmeta,players  the prefix blob's META and n_layer LAYER records, or NULL
+ *                 when the caller knows it is stored (if it is not, e.g. a
+ *                 concurrent gc dropped it: KVZ_ERR_NOTFOUND, nothing written).
+ * @param status   as kvz_store_put_doc(); @p prefix_written (may be NULL): 1 when
+ *                 the prefix records were written by this call.
+ * @return kvz_store_put_doc()'s codes.
+ */
+int kvz_store_put_doc_shared(kvz_store *s, const char *doc_id, const uint8_t hash[16],
+                             const kvz_store_doc_info *info, const kvz_store_rec *meta,
+                             const kvz_store_rec *layers, uint32_t n_layers,
+                             const uint8_t prefix_hash[16], const kvz_store_rec *pmeta,
+                             const kvz_store_rec *players, int *status, int *prefix_written);
+
+/**
+ * Record @p index (a layer, or KVZ_BLOB_META_LAYER) of prefix blob @p hash,
+ * verified with kvz_blob_check() (and that it is that record). Pointer into the
+ * map: VALID ONLY UNTIL kvz_store_read_end(r).
+ * @return 0; KVZ_ERR_NOTFOUND (no such prefix record); kvz_blob_check() errors;
+ *         KVZ_ERR_LMDB.
+ */
+int kvz_store_read_prefix(kvz_store_read *r, const uint8_t hash[16], uint32_t index,
+                          const uint8_t **rec, size_t *len);
+
+/** Bytes of all stored prefix records, and their number of prefix blobs (either
+ *  out may be NULL). @return 0 or KVZ_ERR_LMDB. */
+int kvz_store_prefix_stats(kvz_store *s, uint64_t *n_prefixes, uint64_t *bytes);
 
 #ifdef __cplusplus
 }

@@ -93,8 +93,19 @@ cp -r "$S" "$C"
 check "one doc after rm" test "$(ndocs "$C")" = 1
 verify_ok "compacted copy" "$C"
 offs=($(kvzb_offsets "$C/data.mdb"))
-check "31 KVZB records in the copy" test "${#offs[@]}" -eq 31
-flip_byte "$C/data.mdb" $((offs[10] + 300))   # inside a LAYER record's compressed payload
+check "62 KVZB records in the copy (the document's 31, the shared prefix's 31)" test "${#offs[@]}" -eq 62
+# the document's LAYER records: those whose raw size differs from the prefix
+# blob's (every prefix layer holds the same rows: 39 prefix tokens x 3 heads)
+offs=($(python3 - "$C/data.mdb" "${offs[@]}" <<'PY'
+import collections, struct, sys
+b = open(sys.argv[1], "rb").read()
+layers = [(int(o), struct.unpack_from("<Q", b, int(o) + 24)[0]) for o in sys.argv[2:] if b[int(o) + 6] == 2]
+common = collections.Counter(r for _, r in layers).most_common(1)[0][0]
+print(" ".join(str(o) for o, r in layers if r != common))
+PY
+))
+check "30 document LAYER records found" test "${#offs[@]}" -eq 30
+flip_byte "$C/data.mdb" $((offs[10] + 300))   # inside a LAYER record's stored payload
 expect_err "query corrupt blob"       5 "^kvzip-query: error: cannot load document 'doc1.txt': .*checksum" "$QRY" --store "$C" --doc doc1.txt "$Q"
 "$STO" --store "$C" verify >"$T/vout" 2>"$T/verr"
 rc=$?

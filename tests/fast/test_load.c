@@ -106,18 +106,16 @@ static void meta_of(const kvz_model *m, int dtype, uint8_t policy, uint32_t np, 
     bm->counts = counts;
 }
 
-/* encode + put one blob: layer l's rows are rows [skip_h(h)...] of each head of d
- * when sel = 0 (all), 1 (prefix rows only), 2 (context rows only) */
-static int put_blob(kvz_store *st, const char *id, const uint8_t hash[16], kvz_blob_meta *bm, const doc *d, int sel)
+/* encode the records of one blob: layer l's rows are those of d's heads, all (sel 0),
+ * the prefix rows only (sel 1) or the context rows only (sel 2); caller frees */
+static int enc_blob(kvz_blob_meta *bm, const doc *d, int sel, uint8_t **mrec, size_t *mlen, kvz_store_rec **out)
 {
     const int L = (int)bm->n_layer, H = (int)bm->n_kv_head, hd = (int)bm->head_dim;
     const size_t rb = kvz_kv_row_bytes(bm->dtype, (size_t)hd);
     uint32_t *cnt = calloc((size_t)L * H, sizeof *cnt);
     for (int i = 0; i < L * H; i++) cnt[i] = sel == 0 ? d->counts[i] : sel == 1 ? NP : d->counts[i] - NP;
     bm->counts = cnt;
-    uint8_t *mrec;
-    size_t mlen;
-    int rc = kvz_blob_encode_meta(bm, 0, &mrec, &mlen);
+    int rc = kvz_blob_encode_meta(bm, 0, mrec, mlen);
     kvz_store_rec *recs = calloc((size_t)L, sizeof *recs);
     uint32_t *pos = malloc(sizeof(uint32_t) * (size_t)H * (NP + NC));
     uint8_t *k = malloc(rb * (size_t)H * (NP + NC)), *v = malloc(rb * (size_t)H * (NP + NC));
@@ -138,14 +136,39 @@ static int put_blob(kvz_store *st, const char *id, const uint8_t hash[16], kvz_b
         recs[l].data = rec;
         recs[l].len = len;
     }
+    free(pos); free(k); free(v); free(cnt);
+    bm->counts = NULL;
+    *out = recs;
+    return rc;
+}
+
+static void free_recs(kvz_store_rec *r, uint8_t *m, int L)
+{
+    for (int l = 0; l < L; l++) free((void *)r[l].data);
+    free(r);
+    free(m);
+}
+
+/* one blob under @p id: KEEP (sel 0) with kvz_store_put_doc, or SHARED (sel 2) with its
+ * prefix blob @p pm (sel 1) through kvz_store_put_doc_shared */
+static int put_blob(kvz_store *st, const char *id, const uint8_t hash[16], kvz_blob_meta *bm, const doc *d, int sel,
+                    kvz_blob_meta *pm, const uint8_t phash[16])
+{
+    const int L = (int)bm->n_layer;
     kvz_store_doc_info info;
     memset(&info, 0, sizeof info);
     info.n_tokens = bm->n_prefix + bm->n_context;
     info.ratio = bm->ratio;
-    kvz_store_rec mr = {mrec, mlen};
-    if (!rc) rc = kvz_store_put_doc(st, id, hash, &info, &mr, recs, (uint32_t)L, NULL);
-    for (int l = 0; l < L; l++) free((void *)recs[l].data);
-    free(recs); free(mrec); free(pos); free(k); free(v); free(cnt);
+    uint8_t *m = NULL, *pmr = NULL;
+    size_t ml = 0, pml = 0;
+    kvz_store_rec *recs = NULL, *precs = NULL;
+    int rc = enc_blob(bm, d, sel, &m, &ml, &recs);
+    if (!rc && pm) rc = enc_blob(pm, d, 1, &pmr, &pml, &precs);
+    kvz_store_rec mr = {m, ml}, pr = {pmr, pml};
+    if (!rc && !pm) rc = kvz_store_put_doc(st, id, hash, &info, &mr, recs, (uint32_t)L, NULL);
+    if (!rc && pm) rc = kvz_store_put_doc_shared(st, id, hash, &info, &mr, recs, (uint32_t)L, phash, &pr, precs, NULL, NULL);
+    free_recs(recs, m, L);
+    if (precs) free_recs(precs, pmr, L);
     return rc;
 }
 
@@ -206,14 +229,14 @@ static int run(int device)
         snprintf(idk, sizeof idk, "keep-%d", dt);
         snprintf(idp, sizeof idp, "prefix-%d", dt);
         snprintf(ids, sizeof ids, "shared-%d", dt);
-        kvz_blob_meta bm;
+        (void)idp;
+        kvz_blob_meta bm, pm;
         meta_of(m, dt, KVZ_PREFIX_KEEP, NP, NC, NULL, &bm);
-        CHECKF(put_blob(st, idk, hk, &bm, &d, 0) == 0, "%s put keep-%d: %s", dev, dt, kvz_error_detail());
-        meta_of(m, dt, KVZ_PREFIX_KEEP, NP, 0, NULL, &bm);
-        CHECKF(put_blob(st, idp, hp, &bm, &d, 1) == 0, "%s put prefix-%d: %s", dev, dt, kvz_error_detail());
+        CHECKF(put_blob(st, idk, hk, &bm, &d, 0, NULL, NULL) == 0, "%s put keep-%d: %s", dev, dt, kvz_error_detail());
+        meta_of(m, dt, KVZ_PREFIX_KEEP, NP, 0, NULL, &pm); /* the prefix blob: n_context 0, KEEP */
         meta_of(m, dt, KVZ_PREFIX_SHARED, NP, NC, NULL, &bm);
         memcpy(bm.prefix_ref, hp, 16);
-        CHECKF(put_blob(st, ids, hs, &bm, &d, 2) == 0, "%s put shared-%d: %s", dev, dt, kvz_error_detail());
+        CHECKF(put_blob(st, ids, hs, &bm, &d, 2, &pm, hp) == 0, "%s put shared-%d: %s", dev, dt, kvz_error_detail());
         const int bf = device != KVZ_DEVICE_CPU;
         for (int t = 1; t <= 3; t += 2) {
             kvz_load_opts lo = {.threads = t};
@@ -248,11 +271,27 @@ static int run(int device)
     kvz_doc_meta dm;
     CHECK(kvz_load_doc(m, st, "nope", 0, 0, NULL, &kv, &dm) == KVZ_ERR_NOTFOUND && kv == NULL);
     CHECK(strstr(kvz_error_detail(), "no document 'nope'") != NULL);
-    CHECK(kvz_store_delete_doc(st, "prefix-1") == 0);
-    int rc = kvz_load_doc(m, st, "shared-1", 0, 0, NULL, &kv, &dm);
-    printf("  %s missing prefix: %s (%s)\n", dev, kvz_strerror(rc), kvz_error_detail());
-    CHECK(rc == KVZ_ERR_FORMAT && kv == NULL);
-    CHECK(strstr(kvz_error_detail(), "shared-1") && strstr(kvz_error_detail(), "prefix"));
+    { /* a SHARED blob naming a prefix the store lacks is refused (so no load ever meets one) */
+        doc d;
+        make_doc(&d, L, H, hd, KVZ_KV_F16);
+        kvz_blob_meta bm;
+        meta_of(m, KVZ_KV_F16, KVZ_PREFIX_SHARED, NP, NC, NULL, &bm);
+        const uint8_t hx[16] = {9, 9, 9}, hq[16] = {8, 8, 8};
+        memcpy(bm.prefix_ref, hq, 16);
+        uint8_t *mr = NULL;
+        size_t ml = 0;
+        kvz_store_rec *recs = NULL;
+        int rc = enc_blob(&bm, &d, 2, &mr, &ml, &recs);
+        kvz_store_doc_info info;
+        memset(&info, 0, sizeof info);
+        kvz_store_rec mrec = {mr, ml};
+        if (!rc) rc = kvz_store_put_doc_shared(st, "orphan", hx, &info, &mrec, recs, (uint32_t)L, hq, NULL, NULL, NULL, NULL);
+        printf("  %s SHARED blob without its prefix: %s (%s)\n", dev, kvz_strerror(rc), kvz_error_detail());
+        CHECK(rc == KVZ_ERR_NOTFOUND);
+        CHECK(kvz_load_doc(m, st, "orphan", 0, 0, NULL, &kv, &dm) == KVZ_ERR_NOTFOUND && kv == NULL);
+        free_recs(recs, mr, L);
+        free_doc(&d, L);
+    }
 
     /* the document cache */
     kvz_doc_cache *dc;
