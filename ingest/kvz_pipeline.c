@@ -38,10 +38,16 @@ typedef struct job {
     uint32_t *counts;      /* (n_layer * n_kv) incl. prefix */
     pbuf *buf;             /* kept rows: per layer K, V, pos at off[l] */
     size_t *off;           /* (n_layer) */
-    uint8_t **recs;        /* (n_layer + 1): layers, then META */
+    uint8_t **recs;        /* 2 (n_layer + 1): layers, META, then the prefix blob's layers, META */
     size_t *lens;
     int pending;           /* encode tasks not finished */
-    int next_task;         /* next record to hand out (0..n_layer: n_layer = META) */
+    int next_task;         /* next record to hand out (index into recs) */
+    int n_task;            /* n_layer + 1, or 2 (n_layer + 1) with the prefix blob */
+    int skip;              /* prefix rows per head in the exported rows but not in the document
+                              blob (shared system prefix: they go to the prefix blob) */
+    uint8_t phash[16];     /* shared prefix: its blob's content hash */
+    kvz_blob_meta pm;      /* its META (counts: pcounts) */
+    uint32_t *pcounts;
     int done;              /* committed or failed: completion ready */
     double t0;
     struct job *next;      /* FIFO of all jobs in submission order */
@@ -78,7 +84,8 @@ static int fatal_rc(int rc)
 static void job_free(kvz_pipeline *p, job *j)
 {
     if (j->recs)
-        for (int l = 0; l <= p->n_layer; l++) free(j->recs[l]);
+        for (int l = 0; l < 2 * (p->n_layer + 1); l++) free(j->recs[l]);
+    free(j->pcounts);
     free(j->recs);
     free(j->lens);
     free(j->off);
@@ -94,7 +101,7 @@ static void *encode_worker(void *arg)
     pthread_mutex_lock(&p->mu);
     for (;;) {
         job *j = p->head;
-        while (j && !(j->buf && j->next_task <= p->n_layer)) j = j->next;
+        while (j && !(j->buf && j->next_task < j->n_task)) j = j->next;
         if (!j) {
             if (p->stop) break;
             pthread_cond_wait(&p->cv, &p->mu);
@@ -106,18 +113,33 @@ static void *encode_worker(void *arg)
         size_t len = 0;
         uint8_t *rec = NULL;
         if (!j->rc) {
-            if (t == p->n_layer) {
-                rc = kvz_blob_encode_meta(&j->bm, p->o.zstd_level, &rec, &len);
-            } else {
-                const uint64_t kept = kvz_blob_layer_kept(&j->bm, (uint32_t)t);
-                const size_t kb = al256((size_t)kept * kvz_kv_row_bytes(j->bm.dtype, j->bm.head_dim));
-                const uint8_t *b = (const uint8_t *)j->buf->p + j->off[t];
-                rc = kvz_blob_encode_layer(&j->bm, (uint32_t)t, (const uint32_t *)(b + 2 * kb), b, b + kb,
-                                           p->o.zstd_level, &rec, &len);
+            const int L = p->n_layer, pre = t > L; /* the prefix blob's records come second */
+            const int tl = pre ? t - L - 1 : t;
+            const kvz_blob_meta *bm = pre ? &j->pm : &j->bm;
+            if (tl == L) {
+                rc = kvz_blob_encode_meta(bm, p->o.zstd_level, &rec, &len);
+            } else { /* per head: the document's rows past the prefix, or the prefix rows */
+                const uint32_t *cnt = j->bm.counts + (size_t)tl * p->n_kv;
+                uint64_t rows = 0;
+                for (int h = 0; h < p->n_kv; h++) rows += (uint64_t)j->skip + cnt[h];
+                const size_t rb = kvz_kv_row_bytes(j->bm.dtype, j->bm.head_dim), kb = al256((size_t)rows * rb);
+                const uint8_t *b = (const uint8_t *)j->buf->p + j->off[tl];
+                const uint32_t *hp[64];
+                const void *hk[64], *hv[64];
+                size_t o = 0;
+                for (int h = 0; h < p->n_kv; h++) {
+                    const size_t first = pre ? o : o + (size_t)j->skip;
+                    hp[h] = (const uint32_t *)(b + 2 * kb) + first;
+                    hk[h] = b + first * rb;
+                    hv[h] = b + kb + first * rb;
+                    o += (size_t)j->skip + cnt[h];
+                }
+                rc = kvz_blob_encode_layer_heads(bm, (uint32_t)tl, hp, hk, hv, p->o.zstd_level, &rec, &len);
             }
         }
         char det[512] = "";
-        if (rc) snprintf(det, sizeof det, "record %d: %.400s", t == p->n_layer ? -1 : t, kvz_error_detail());
+        if (rc) snprintf(det, sizeof det, "%s record %d: %.400s", t > p->n_layer ? "prefix blob" : "document",
+                         t % (p->n_layer + 1) == p->n_layer ? -1 : t % (p->n_layer + 1), kvz_error_detail());
         pthread_mutex_lock(&p->mu);
         j->recs[t] = rec;
         j->lens[t] = len;
@@ -165,9 +187,22 @@ static void *writer_thread(void *arg)
                 for (int l = 0; srec && l < p->n_layer; l++) srec[l] = (kvz_store_rec){j->recs[l], j->lens[l]};
                 mrec = (kvz_store_rec){j->recs[p->n_layer], j->lens[p->n_layer]};
             }
-            if (!rc)
+            kvz_store_rec *psrec = NULL, pmrec = {NULL, 0};
+            const int with_prefix = !j->link && j->n_task > p->n_layer + 1;
+            if (!rc && with_prefix) {
+                if (!(psrec = calloc((size_t)p->n_layer, sizeof *psrec))) rc = kvz_error_set(KVZ_ERR_NOMEM, "store records");
+                for (int l = 0; psrec && l < p->n_layer; l++)
+                    psrec[l] = (kvz_store_rec){j->recs[p->n_layer + 1 + l], j->lens[p->n_layer + 1 + l]};
+                pmrec = (kvz_store_rec){j->recs[2 * p->n_layer + 1], j->lens[2 * p->n_layer + 1]};
+            }
+            if (!rc && !j->link && j->skip) /* shared system prefix: one transaction for both blobs */
+                rc = kvz_store_put_doc_shared(p->st, j->doc_id, j->res.hash, &j->info, &mrec, srec, (uint32_t)p->n_layer,
+                                              j->phash, with_prefix ? &pmrec : NULL, with_prefix ? psrec : NULL,
+                                              &j->res.status, NULL);
+            else if (!rc)
                 rc = kvz_store_put_doc(p->st, j->doc_id, j->res.hash, &j->info, j->link ? NULL : &mrec, srec,
                                        j->link ? 0 : (uint32_t)p->n_layer, &j->res.status);
+            free(psrec);
             if (rc) snprintf(det, sizeof det, "%s", kvz_error_detail());
             free(srec);
             kvz_store_doc_info now;
@@ -186,7 +221,7 @@ static void *writer_thread(void *arg)
             p->fatal = rc;
             snprintf(p->fatal_detail, sizeof p->fatal_detail, "%s", det);
         }
-        for (int l = 0; j->recs && l <= p->n_layer; l++) { /* the bytes are in the store now */
+        for (int l = 0; j->recs && l < 2 * (p->n_layer + 1); l++) { /* the bytes are in the store now */
             free(j->recs[l]);
             j->recs[l] = NULL;
         }
@@ -283,6 +318,22 @@ static void fill_meta(const kvz_model *m, const kvz_ingest_opts *o, int32_t n_pr
     bm->counts = counts;
 }
 
+/* The prefix blob's META exactly as kvz_ingest_doc makes it (docs/FORMAT.md §3.1):
+ * n_context 0, policy KEEP, canonical parameters, every head holding the n_prefix rows. */
+static void prefix_meta(const kvz_blob_meta *doc, uint32_t *counts, kvz_blob_meta *pm)
+{
+    *pm = *doc;
+    pm->mode = KVZ_MODE_GLOBAL;
+    pm->prefix_policy = KVZ_PREFIX_KEEP;
+    pm->ratio = 1.0f;
+    pm->chunk = 1;
+    pm->overlap = 0;
+    pm->n_context = 0;
+    memset(pm->prefix_ref, 0, 16);
+    for (size_t i = 0; i < (size_t)doc->n_layer * doc->n_kv_head; i++) counts[i] = doc->n_prefix;
+    pm->counts = counts;
+}
+
 /* append j to the FIFO (p->mu held) */
 static void enqueue(kvz_pipeline *p, job *j)
 {
@@ -324,13 +375,14 @@ static int gpu_part(kvz_pipeline *p, job *j, const int32_t *all, int32_t n_prefi
         return rc;
     }
     j->res.pairs_kept = kept;
-    for (int i = 0; i < nlh; i++) j->counts[i] += (uint32_t)n_prefix;
+    if (!j->skip) /* (n_prefix 0: nothing to add) */
+        for (int i = 0; i < nlh; i++) j->counts[i] += (uint32_t)n_prefix;
     j->res.bytes_kept = (uint64_t)(kept + (int64_t)nlh * n_prefix) * 2u * rb;
     j->info.bytes_kv_kept = j->res.bytes_kept;
     size_t need = 0, layer_max = 0;
     for (int l = 0; l < p->n_layer; l++) {
         j->off[l] = need;
-        const uint64_t k = kvz_blob_layer_kept(&j->bm, (uint32_t)l);
+        const uint64_t k = kvz_blob_layer_kept(&j->bm, (uint32_t)l) + (uint64_t)j->skip * p->n_kv; /* exported rows */
         const size_t lb = 2 * al256((size_t)k * rb) + al256((size_t)k * 4);
         need += lb;
         layer_max = lb > layer_max ? lb : layer_max;
@@ -369,7 +421,7 @@ static int gpu_part(kvz_pipeline *p, job *j, const int32_t *all, int32_t n_prefi
         b->bytes = need + need / 4;
     }
     for (int l = 0; l < p->n_layer && !rc; l++) {
-        const uint64_t k = kvz_blob_layer_kept(&j->bm, (uint32_t)l);
+        const uint64_t k = kvz_blob_layer_kept(&j->bm, (uint32_t)l) + (uint64_t)j->skip * p->n_kv;
         const size_t kb = al256((size_t)k * rb), lb = 2 * kb + (size_t)k * 4;
         uint8_t *pin = p->pin, *d = (uint8_t *)b->p + j->off[l];
         rc = kvz_cuda_kv_export_layer_to(kv, l, o->dtype, pin, pin + kb, (uint32_t *)(pin + 2 * kb));
@@ -390,7 +442,7 @@ fail:
         return rc;
     }
     j->buf = b;
-    j->pending = p->n_layer + 1;
+    j->pending = j->n_task;
     return 0;
 }
 #endif
@@ -435,11 +487,13 @@ int kvz_pipeline_submit(kvz_pipeline *p, const char *doc_id, const char *source_
     j->doc_id = strdup(doc_id);
     j->counts = calloc((size_t)nlh, sizeof *j->counts);
     j->off = calloc((size_t)p->n_layer, sizeof *j->off);
-    j->recs = calloc((size_t)p->n_layer + 1, sizeof *j->recs);
-    j->lens = calloc((size_t)p->n_layer + 1, sizeof *j->lens);
+    j->recs = calloc(2 * ((size_t)p->n_layer + 1), sizeof *j->recs);
+    j->lens = calloc(2 * ((size_t)p->n_layer + 1), sizeof *j->lens);
+    j->pcounts = calloc((size_t)nlh, sizeof *j->pcounts);
     kvz_tokens all = {0};
     int rc = 0;
-    if (!j->doc_id || !j->counts || !j->off || !j->recs || !j->lens) rc = kvz_error_set(KVZ_ERR_NOMEM, "pipeline job");
+    if (!j->doc_id || !j->counts || !j->off || !j->recs || !j->lens || !j->pcounts)
+        rc = kvz_error_set(KVZ_ERR_NOMEM, "pipeline job");
     else if (p->fatal) {
         rc = kvz_error_set(p->fatal, "not stored: %.400s", p->fatal_detail);
         j->skipped = 1;
@@ -465,6 +519,15 @@ int kvz_pipeline_submit(kvz_pipeline *p, const char *doc_id, const char *source_
         j->res.bytes_full = (uint64_t)nlh * (uint64_t)(n_prefix + n_ctx) * 2u * rb;
         fill_meta(m, &p->o, n_prefix, n_ctx, j->counts, &j->bm);
         uint8_t params[KVZ_BLOB_PARAMS_SIZE];
+        j->n_task = p->n_layer + 1;
+        if (n_prefix > 0) { /* the system prefix is stored once, as kvz_ingest_doc stores it */
+            j->skip = n_prefix;
+            j->bm.prefix_policy = KVZ_PREFIX_SHARED;
+            prefix_meta(&j->bm, j->pcounts, &j->pm);
+            kvz_blob_params_bytes(&j->pm, params);
+            kvz_blob_content_hash(j->pm.fingerprint, params, sizeof params, (size_t)n_prefix, all.ids, j->phash);
+            memcpy(j->bm.prefix_ref, j->phash, 16);
+        }
         kvz_blob_params_bytes(&j->bm, params);
         kvz_blob_content_hash(j->bm.fingerprint, params, sizeof params, all.n, all.ids, j->res.hash);
         snprintf(j->info.source_path, sizeof j->info.source_path, "%s", source_path ? source_path : "");
@@ -482,8 +545,11 @@ int kvz_pipeline_submit(kvz_pipeline *p, const char *doc_id, const char *source_
                 j->info.bytes_kv_kept = old.bytes_kv_kept;
             kvz_error_clear();
         } else {
+            const int have_prefix = j->skip ? kvz_store_has_prefix(p->st, j->phash) : 1;
+            if (have_prefix < 0) rc = have_prefix;
+            else if (!have_prefix) j->n_task = 2 * (p->n_layer + 1); /* its records go with this document */
 #ifdef KVZ_HAVE_CUDA
-            rc = gpu_part(p, j, all.ids, n_prefix, ctx, n_ctx);
+            if (!rc) rc = gpu_part(p, j, all.ids, n_prefix, ctx, n_ctx);
 #endif
         }
     }
