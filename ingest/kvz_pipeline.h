@@ -8,10 +8,14 @@
  * KVzip scoring + device top-k + compaction, and the kept rows converted on the GPU to
  * the stored dtype and copied into a pinned buffer of the pipeline (at most
  * KVZ_PIPELINE_DEPTH documents in flight; submit waits for a free one). The record
- * encoding (one task per layer, zstd, checksums) runs on the worker threads, and a
- * writer thread commits each document in ONE store transaction (kvz_store_put_doc),
- * in submission order: a kill -9 leaves every committed document intact and no
- * partial one, exactly as kvz_ingest_doc() does.
+ * encoding (one task per record, zstd or none, checksums) runs on the worker threads,
+ * and a writer thread commits each document in ONE store transaction, in submission
+ * order: a kill -9 leaves every committed document intact and no partial one, exactly
+ * as kvz_ingest_doc() does. The blobs are the ones kvz_ingest_doc() writes (same
+ * content hash): with a system prefix, the document blob holds the context rows
+ * (policy SHARED) and the prefix blob's records go into the same transaction
+ * (kvz_store_put_doc_shared) when the store does not hold them yet; the model still
+ * prefills the prefix itself.
  * On the CPU backend a submit is kvz_ingest_doc() itself (the model already uses
  * every core), reported through the same callback.
  *
