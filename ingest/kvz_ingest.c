@@ -20,7 +20,7 @@ void kvz_ingest_defaults(kvz_ingest_opts *o)
 {
     memset(o, 0, sizeof *o);
     kvz_kvzip_defaults(&o->kp);
-    o->dtype = KVZ_DTYPE_F16;
+    o->dtype = KVZ_DTYPE_Q8; /* ~0.54x of f16 at <= 0.01 nats dNLL, no accuracy lost (docs/EVAL.md) */
 }
 
 int32_t kvz_ingest_max_part_tokens(const kvz_model *m)

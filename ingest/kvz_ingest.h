@@ -20,7 +20,8 @@ extern "C" {
 
 typedef struct kvz_ingest_opts {
     kvz_kvzip_params kp;   /**< ratio, mode, chunk, overlap */
-    uint8_t dtype;         /**< stored KV dtype: KVZ_DTYPE_F16 (default), F32, BF16 */
+    uint8_t dtype;         /**< stored KV dtype (common/kvz_kvdtype.h): KVZ_DTYPE_Q8 (default:
+                                costs <= 0.01 nats vs f16, docs/EVAL.md), F16, BF16, F32, Q4 */
     int zstd_level;        /**< 0 = KVZ_BLOB_DEFAULT_LEVEL */
     kvz_progress_fn progress; /**< tokens through the model for this document */
     void *progress_ctx;

@@ -24,7 +24,7 @@ S="$T/store"
 # each blob ~1.3 MB at --ratio 1 (the system prefix's K/V, ~0.85 MB, is stored once,
 # with the first document: docs/FORMAT.md §3.1)
 tiny_docs "$T/docs" 4 " (seal kit SK-4, torque 35 Nm, spare parts in cabinet C7, inspection log page 12)"
-printf '#!/bin/sh\nexec "%s" --ratio 1 "$@"\n' "$ING" >"$T/ing_r1" && chmod +x "$T/ing_r1"
+printf '#!/bin/sh\nexec "%s" --ratio 1 --kv-dtype f16 "$@"\n' "$ING" >"$T/ing_r1" && chmod +x "$T/ing_r1"
 ING="$T/ing_r1"
 "$ING" --quiet --max-map 3000000 --store "$S" "$T/docs" 2>"$T/err"
 stopped_full "full store" $? "$T/err" \
