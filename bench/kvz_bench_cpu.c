@@ -15,6 +15,7 @@
 #include "kvz_error.h"
 #include "kvz_generate.h"
 #include "kvz_ingest.h"
+#include "kvz_kvdtype.h"
 #include "kvz_load.h"
 #include "kvz_store.h"
 #include "kvz_kvzip.h"
@@ -223,8 +224,8 @@ int main(int argc, char **argv)
                     if (!rc && t < tl[w]) tl[w] = t;
                     kvz_kv_free(lk);
                 }
-            printf("\n| store round trip (CPU), %d tokens, f16 | stored MB | old load s (1 thread) | pipelined load s (%d threads) |\n|---|---|---|---|\n",
-                   nctx, kvz_load_threads(NULL));
+            printf("\n| store round trip (CPU), %d tokens, %s (ingest default) | stored MB | old load s (1 thread) | pipelined load s (%d threads) |\n|---|---|---|---|\n",
+                   nctx, kvz_kv_dtype_name(io.dtype), kvz_load_threads(NULL));
             printf("| %s | %.1f | %.4f | %.4f |\n", docp, res.bytes_stored / 1e6, tl[0], tl[1]);
         } else {
             printf("\n(store round trip skipped: %s)\n", kvz_error_detail());
