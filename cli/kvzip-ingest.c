@@ -16,6 +16,7 @@
 #include "kvz_parts.h"
 #include "kvz_store.h"
 #include "kvz_kvrow.h"
+#include "kvz_pipeline.h"
 
 static void usage(void)
 {
@@ -287,28 +288,48 @@ static int on_progress(void *ctx, int64_t done, int64_t total)
     return 0;
 }
 
-/* ---- one document's parts, reported by kvz_ingest_document ---- */
+/* ---- each document's parts through the ingest pipeline ----
+ * The ID#N part policy of kvz_ingest_document (ingest/kvz_parts.h) with the parts
+ * ingested by kvz_pipeline (ingest/kvz_pipeline.h: on the CUDA backend the GPU scores
+ * the next part while the last ones are encoded and committed; on the CPU a submit is
+ * kvz_ingest_doc itself): kvz_ingest_parts_check before the first part is submitted,
+ * each part's number recorded in its entry, kvz_ingest_parts_prune once every part of
+ * the document is committed. Results arrive in submission order through on_done. */
 typedef struct run_state {
+    kvz_store *st;
+    doc_list *docs;
     progress *pr;
     int quiet;
-    int n_written, n_linked, n_unchanged, n_parts;
+    int n_written, n_linked, n_unchanged, n_parts, failed;
     int64_t tokens_done, pairs_total, pairs_kept, tokens_written;
     uint64_t b_full, b_kept, b_stored;
-    int part_failed;   /* a part's error was printed */
+    int32_t *parts_left;   /* per document: parts not reported yet */
+    int *doc_failed;       /* per document: a part failed or was not attempted */
 } run_state;
 
-static int on_part(void *ctx, const kvz_part_report *rep)
+static void doc_fail(run_state *rs, size_t i)
+{
+    if (!rs->doc_failed[i]) rs->failed++;
+    rs->doc_failed[i] = 1;
+}
+
+static void on_done(void *ctx, const char *id, int rc, const char *detail, const kvz_ingest_result *r,
+                    void *user)
 {
     run_state *rs = ctx;
-    rs->tokens_done += 2 * (int64_t)rep->n_tokens;
-    rs->pr->base = rs->tokens_done;
+    const size_t i = (size_t)user;
+    const doc_item *d = &rs->docs->v[i];
     if (rs->pr->tty && !rs->pr->quiet) fprintf(stderr, "\r\033[K");
-    if (rep->rc) {
-        cli_error(rep->rc, "%s", rep->id);
-        rs->part_failed = 1;
-        return 0;
+    if (!r) { /* not attempted: the store had stopped taking documents (reported once) */
+        doc_fail(rs, i);
+        return;
     }
-    const kvz_ingest_result *r = rep->res;
+    if (rc) {
+        kvz_error_set(rc, "%s", detail);
+        cli_error(rc, "%s", id);
+        doc_fail(rs, i); /* earlier parts stay stored, nothing is pruned */
+        return;
+    }
     const char *what;
     rs->n_parts++;
     if (r->status == KVZ_STORE_WRITTEN) {
@@ -330,9 +351,14 @@ static int on_part(void *ctx, const kvz_part_report *rep)
         rs->n_unchanged++;
     }
     if (!rs->quiet)
-        fprintf(stderr, "%-10s %s  %d tokens  %.1f s\n", what, cli_escape(rep->id), r->n_ctx,
-                r->seconds);
-    return 0;
+        fprintf(stderr, "%-10s %s  %d tokens  %.1f s\n", what, cli_escape(id), r->n_ctx, r->seconds);
+    if (--rs->parts_left[i] > 0 || rs->doc_failed[i]) return;
+    /* every part committed: what an older version of this document left behind */
+    int prc = kvz_ingest_parts_prune(rs->st, d->id, d->path, d->n_parts, NULL);
+    if (prc) {
+        cli_error(prc, "%s", d->id);
+        doc_fail(rs, i);
+    }
 }
 
 static void free_docs(doc_list *docs)
@@ -564,27 +590,48 @@ int main(int argc, char **argv)
 
     /* 4. score, evict, store: kvz_ingest_document owns the ID#N part policy */
     progress pr = {.tty = isatty(2), .quiet = quiet || json, .total = total, .t0 = kvz_now()};
-    run_state rs = {.pr = &pr, .quiet = quiet || json};
+    run_state rs = {.st = st, .docs = &docs, .pr = &pr, .quiet = quiet || json};
+    rs.parts_left = calloc(docs.n ? docs.n : 1, sizeof *rs.parts_left);
+    rs.doc_failed = calloc(docs.n ? docs.n : 1, sizeof *rs.doc_failed);
+    if (!rs.parts_left || !rs.doc_failed) oom();
+    o.progress = on_progress;
+    o.progress_ctx = &pr;
+    kvz_pipeline *pl = NULL;
+    if ((rc = kvz_pipeline_create(m, st, &o, 0, on_done, &rs, &pl))) {
+        cli_error(rc, "cannot start the ingest pipeline");
+        kvz_store_close(st);
+        return cli_exit_code(rc);
+    }
     const double t_start = kvz_now();
-    for (size_t i = 0; i < docs.n; i++) {
+    for (size_t i = 0; i < docs.n && !kvz_pipeline_failed(pl); i++) {
         doc_item *d = &docs.v[i];
         if (!d->usable) continue;
-        char name[64];
-        snprintf(name, sizeof name, "%s", cli_escape(d->id));
-        pr.name = name;
-        pr.base = rs.tokens_done;
-        o.progress = on_progress;
-        o.progress_ctx = &pr;
-        rs.part_failed = 0;
-        rc = kvz_ingest_document(m, st, d->id, d->path, toks[i].ids, (int32_t)toks[i].n, max_part,
-                                 &o, on_part, &rs);
-        if (rc) {
-            if (!rs.part_failed) cli_error(rc, "%s", d->id);
+        /* nothing is computed when one of its ids belongs to another document */
+        if ((rc = kvz_ingest_parts_check(st, d->id, d->path, d->n_parts))) {
+            cli_error(rc, "%s", d->id);
             failed++;
             if (rc == KVZ_ERR_FULL || rc == KVZ_ERR_MODEL || rc == KVZ_ERR_LMDB || rc == KVZ_ERR_BUSY)
                 break; /* the store cannot take more: stop */
+            continue;
+        }
+        rs.parts_left[i] = d->n_parts;
+        for (int32_t p = 0; p < d->n_parts && !rs.doc_failed[i] && !kvz_pipeline_failed(pl); p++) {
+            char id[KVZ_STORE_DOC_ID_MAX + 1], name[64];
+            int32_t s0, s1;
+            kvz_ingest_part_span((int32_t)toks[i].n, d->n_parts, p, &s0, &s1);
+            kvz_ingest_part_id(d->id, p + 1, d->n_parts, id); /* checked in step 3 */
+            snprintf(name, sizeof name, "%s", cli_escape(id));
+            pr.name = name;
+            pr.base = rs.tokens_done;
+            kvz_pipeline_submit_part(pl, id, d->path, toks[i].ids + s0, s1 - s0,
+                                     d->n_parts > 1 ? (uint32_t)(p + 1) : 0, (void *)i);
+            rs.tokens_done += 2 * (int64_t)(s1 - s0);
         }
     }
+    kvz_pipeline_free(pl); /* waits for the last commits (and their prunes) */
+    failed += rs.failed;
+    free(rs.parts_left);
+    free(rs.doc_failed);
     const double secs = kvz_now() - t_start;
     if (json) {
         printf("{\"store\": ");
