@@ -11,7 +11,9 @@
 #include "cli_util.h"
 #include "kvz_error.h"
 #include "kvz_generate.h"
+#include "kvz_dispatch.h"
 #include "kvz_ingest.h"
+#include "kvz_shard.h"
 
 static void usage(void)
 {
@@ -45,7 +47,22 @@ static void usage(void)
         "  --part-tokens N    split documents longer than N tokens into parts (default and\n"
         "                     maximum: what the model allows)\n"
         "  --threads N        CPU threads (default: all cores)\n"
-        "  --device D         cpu, cuda or auto (default auto)\n"
+        "  --device D         cpu, cuda (= cuda:0), cuda:K (GPU ordinal K) or auto (default)\n"
+        "\n"
+        "Scale-out (docs/SCALE.md):\n"
+        "  --shard I/N        ingest only shard I (0..N-1) of the corpus: the documents whose\n"
+        "                     XXH64(id) mod N is I; the N shards together hold every document\n"
+        "                     once. Without it: SLURM_ARRAY_TASK_ID with SLURM_ARRAY_TASK_COUNT\n"
+        "                     or --shards N, or JOB_COMPLETION_INDEX with --shards N, when set.\n"
+        "                     The store records the shard and the corpus listing (hash of all\n"
+        "                     ids) so kvzip-store merge can report shards of different listings\n"
+        "  --shards N         shard count, with an index from the environment\n"
+        "  --list             print the ids this run would ingest (after --shard) and exit,\n"
+        "                     without loading the model\n"
+        "  --workers N        N worker processes on --device, each with --threads (default\n"
+        "                     cores / N) CPU threads, documents handed out longest first to\n"
+        "                     whichever worker is free, all writing into the one store\n"
+        "  --gpus all|N       one worker process per GPU (cuda:0 .. cuda:N-1), as --workers\n"
         "  --json             print the summary as one JSON object on stdout\n"
         "  --quiet            no progress bar and no per-document lines\n"
         "  -h, --help         this text\n"
@@ -151,6 +168,178 @@ static int on_progress(void *ctx, int64_t done, int64_t total)
     return 0;
 }
 
+/* ---- scale-out: shards, --list, worker processes (docs/SCALE.md) ---- */
+
+/* Keep only the documents of shard @p sh; *corpus = listing hash of all ids before. */
+static void shard_filter(doc_list *l, const kvz_shard *sh, uint64_t *corpus, size_t *n_corpus)
+{
+    const char **ids = malloc((l->n ? l->n : 1) * sizeof *ids);
+    if (!ids) { fprintf(stderr, "kvzip-ingest: error: out of memory\n"); exit(EXIT_FAIL); }
+    for (size_t i = 0; i < l->n; i++) ids[i] = l->v[i].id;
+    if (kvz_corpus_hash(ids, l->n, corpus)) { fprintf(stderr, "kvzip-ingest: error: out of memory\n"); exit(EXIT_FAIL); }
+    free(ids);
+    *n_corpus = l->n;
+    if (!sh->n) return;
+    size_t k = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        if (kvz_shard_of(l->v[i].id, sh->n) == sh->index) l->v[k++] = l->v[i];
+        else { free(l->v[i].path); free(l->v[i].id); }
+    }
+    l->n = k;
+}
+
+/* Open (create) the store without a model and record the shard; 0 or an exit code. */
+static int shard_mark_store(const char *path, const kvz_shard *sh, uint64_t corpus, size_t n_corpus)
+{
+    kvz_store *st;
+    int rc = kvz_store_open(path, KVZ_STORE_CREATE, 0, NULL, &st);
+    if (!rc) {
+        rc = kvz_shard_record(st, sh, corpus, n_corpus);
+        kvz_store_close(st);
+    }
+    if (rc) { cli_error(rc, "cannot record the shard in store %s", path); return cli_store_exit(rc); }
+    return 0;
+}
+
+typedef struct {
+    const char *const *dev;
+    int quiet, json;
+    size_t n_docs;
+    char **summary;  /* last stdout line (JSON) per worker */
+} par_state;
+
+static void on_worker_line(void *u, int w, int is_out, const char *line)
+{
+    par_state *p = u;
+    if (is_out) {
+        free(p->summary[w]);
+        p->summary[w] = strdup(line);
+        return;
+    }
+    if (p->quiet && !strstr(line, "error") && !strstr(line, "warning")) return;
+    fprintf(stderr, "[w%d %s %llu/%zu] %s\n", w, p->dev[w], (unsigned long long)kvz_dispatch_claimed(),
+            p->n_docs, line);
+}
+
+static long long json_num(const char *js, const char *key)
+{
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\": ", key);
+    const char *p = js ? strstr(js, k) : NULL;
+    return p ? strtoll(p + strlen(k), NULL, 10) : 0;
+}
+
+/* Parent of --workers / --gpus: hand the documents to worker processes. */
+static int run_workers(doc_list *docs, int argc, char **argv, int n_workers, const char *device_str,
+                       int gpus, long threads, int json, int quiet, const char *store_path,
+                       int failed, int skipped)
+{
+    /* unusable files are dropped here, once, not by every worker */
+    kvz_dispatch_doc *dd = calloc(docs->n ? docs->n : 1, sizeof *dd);
+    const char **av = calloc((size_t)argc + 4, sizeof *av);
+    char **devs = calloc((size_t)n_workers, sizeof *devs);
+    par_state ps = {(const char *const *)devs, quiet, json, 0, calloc((size_t)n_workers, sizeof(char *))};
+    kvz_dispatch_worker *wk = calloc((size_t)n_workers, sizeof *wk);
+    if (!dd || !av || !devs || !ps.summary || !wk) { fprintf(stderr, "kvzip-ingest: error: out of memory\n"); return EXIT_FAIL; }
+    size_t n = 0;
+    for (size_t i = 0; i < docs->n; i++) {
+        char *text;
+        size_t len;
+        int rc = cli_read_text(docs->v[i].path, (size_t)256 << 20, &text, &len);
+        if ((rc == KVZ_ERR_ENCODING || rc == KVZ_ERR_EMPTY) && !docs->v[i].named) {
+            fprintf(stderr, "kvzip-ingest: warning: skipping %s: %s\n", docs->v[i].path, kvz_error_detail());
+            kvz_error_clear();
+            skipped++;
+            continue;
+        }
+        if (rc) { cli_error(rc, "cannot read %s", docs->v[i].path); failed++; continue; }
+        free(text);
+        dd[n++] = (kvz_dispatch_doc){docs->v[i].path, docs->v[i].id, docs->v[i].named, (uint64_t)len};
+    }
+    ps.n_docs = n;
+    /* worker arguments: the model, store and ingest settings of this command */
+    static const char *const with_value[] = {"--store", "--max-map", "--model", "--synthetic", "--ratio",
+                                             "--mode", "--kv-dtype", "--part-tokens", NULL};
+    int k = 0;
+    av[k++] = argv[0];
+    for (int i = 1; i < argc; i++) {
+        int take = 0;
+        for (int j = 0; with_value[j]; j++) take |= !strcmp(argv[i], with_value[j]);
+        if (take && i + 1 < argc) { av[k++] = argv[i]; av[k++] = argv[++i]; }
+    }
+    av[k++] = "--store";
+    av[k++] = store_path;
+    av[k++] = "--json";
+    av[k] = NULL;
+    for (int w = 0; w < n_workers; w++) {
+        char b[32];
+        if (gpus) snprintf(b, sizeof b, "cuda:%d", w);
+        else snprintf(b, sizeof b, "%s", device_str);
+        devs[w] = strdup(b);
+    }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int per = threads > 0 ? (int)threads : (int)(ncpu / n_workers > 0 ? ncpu / n_workers : 1);
+    if (!quiet && !json)
+        fprintf(stderr, "kvzip-ingest: %zu documents, longest first, to %d worker%s (%s%s, %d thread%s each)\n",
+                n, n_workers, n_workers == 1 ? "" : "s", gpus ? "one per GPU: cuda:0.." : "device ",
+                gpus ? devs[n_workers - 1] + 5 : device_str, per, per == 1 ? "" : "s");
+    kvz_dispatch_opts o = {n_workers, "/proc/self/exe", av, (const char *const *)devs, per, on_worker_line, &ps};
+    const double t0 = kvz_now();
+    int rc = n ? kvz_dispatch_run(dd, n, &o, wk) : 0;
+    const double secs = kvz_now() - t0;
+    int bad_workers = 0;
+    long long ing = 0, unch = 0, wfail = 0, wskip = 0, toks = 0, parts = 0;
+    unsigned long long stored = 0;
+    for (int w = 0; n && !rc && w < n_workers; w++) {
+        const char *js = ps.summary[w];
+        ing += json_num(js, "ingested");
+        unch += json_num(js, "unchanged");
+        wfail += json_num(js, "failed");
+        wskip += json_num(js, "skipped");
+        toks += json_num(js, "tokens");
+        parts += json_num(js, "parts");
+        stored += (unsigned long long)json_num(js, "bytes_stored");
+        if (wk[w].exit_code != 0) {
+            bad_workers++;
+            if (wk[w].exit_code < 0)
+                fprintf(stderr, "kvzip-ingest: error: worker %d (%s) was killed by signal %d after taking "
+                        "%llu documents; rerun to finish them (stored documents are skipped)\n", w, devs[w],
+                        wk[w].signal, (unsigned long long)wk[w].claimed);
+            else if (!js)
+                fprintf(stderr, "kvzip-ingest: error: worker %d (%s) exited with status %d before "
+                        "ingesting\n", w, devs[w], wk[w].exit_code);
+        }
+    }
+    if (rc) cli_error(rc, "cannot start the workers");
+    failed += (int)wfail;
+    skipped += (int)wskip;
+    if (json) {
+        printf("{\"store\": ");
+        cli_json_str(stdout, store_path, strlen(store_path));
+        printf(", \"workers\": %d, \"documents\": %zu, \"parts\": %lld, \"ingested\": %lld, \"unchanged\": %lld, "
+               "\"failed\": %d, \"skipped\": %d, \"tokens\": %lld, \"bytes_stored\": %llu, "
+               "\"worker_errors\": %d, \"seconds\": %.3f, \"per_worker\": [",
+               n_workers, n, parts, ing, unch, failed, skipped, toks, stored, bad_workers, secs);
+        for (int w = 0; w < n_workers; w++)
+            printf("%s{\"device\": \"%s\", \"documents\": %llu, \"exit\": %d}", w ? ", " : "", devs[w],
+                   (unsigned long long)wk[w].claimed, wk[w].exit_code);
+        printf("]}\n");
+    } else if (!quiet) {
+        fprintf(stderr, "kvzip-ingest: %d workers: %lld ingested, %lld unchanged, %d failed, %d skipped | "
+                "%lld tokens in %.1f s (%.0f tok/s) | stored %.2f MB\n", n_workers, ing, unch, failed,
+                skipped, toks, secs, secs > 0 ? toks / secs : 0, stored / 1e6);
+        for (int w = 0; w < n_workers; w++)
+            fprintf(stderr, "  worker %d (%s): %llu documents\n", w, devs[w], (unsigned long long)wk[w].claimed);
+    }
+    for (int w = 0; w < n_workers; w++) { free(devs[w]); free(ps.summary[w]); }
+    free(devs);
+    free(ps.summary);
+    free(wk);
+    free(dd);
+    free(av);
+    return rc || failed || bad_workers ? EXIT_FAIL : 0;
+}
+
 int main(int argc, char **argv)
 {
     cli_init("kvzip-ingest", argv);
@@ -158,6 +347,11 @@ int main(int argc, char **argv)
     long threads = 0, part_tokens = 0, max_map = 0;
     int json = 0, quiet = 0;
     int32_t device = KVZ_DEVICE_AUTO;
+    /* scale-out options (docs/SCALE.md) */
+    const char *shard_flag = NULL, *gpus_flag = NULL, *device_str = "auto";
+    long shards_flag = 0, workers = 0, claim_fd = -1, worker_tag = 0;
+    int list_only = 0;
+    int32_t dev_ordinal = -1;
     kvz_ingest_opts o;
     kvz_ingest_defaults(&o);
     const char **inputs = calloc((size_t)argc, sizeof *inputs);
@@ -185,17 +379,64 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--id")) id_flag = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--part-tokens")) part_tokens = cli_parse_long(a, cli_value(argc, argv, &i), 16, 1 << 30);
         else if (!strcmp(a, "--threads")) threads = cli_parse_long(a, cli_value(argc, argv, &i), 1, 1024);
-        else if (!strcmp(a, "--device")) device = cli_parse_device(cli_value(argc, argv, &i));
+        else if (!strcmp(a, "--device")) {
+            device_str = cli_value(argc, argv, &i);
+            if (kvz_device_parse(device_str, &device, &dev_ordinal)) cli_usage_error("%s", kvz_error_detail());
+        } else if (!strcmp(a, "--shard")) shard_flag = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--shards")) shards_flag = cli_parse_long(a, cli_value(argc, argv, &i), 1, KVZ_SHARD_MAX);
+        else if (!strcmp(a, "--list")) list_only = 1;
+        else if (!strcmp(a, "--workers")) workers = cli_parse_long(a, cli_value(argc, argv, &i), 1, KVZ_DISPATCH_MAX_WORKERS);
+        else if (!strcmp(a, "--gpus")) gpus_flag = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--claim-fd")) claim_fd = cli_parse_long(a, cli_value(argc, argv, &i), 0, 1 << 20);
+        else if (!strcmp(a, "--worker-tag")) worker_tag = cli_parse_long(a, cli_value(argc, argv, &i), 0, KVZ_DISPATCH_MAX_WORKERS - 1);
         else if (!strcmp(a, "--json")) json = 1;
         else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (a[0] == '-' && a[1] == '-') cli_usage_error("unknown option '%s'", a);
         else inputs[ni++] = a;
     }
-    if (ni == 0) cli_usage_error("no document or folder given");
+    if (ni == 0 && claim_fd < 0) cli_usage_error("no document or folder given");
+    kvz_shard shard = {0, 0, NULL};
+    kvz_claims *claims = NULL;
+    if (claim_fd >= 0) { /* a worker of --workers / --gpus: the parent's list, no sharding */
+        if (ni) cli_usage_error("--claim-fd (internal) takes no documents");
+        if (kvz_claims_open((int)claim_fd, (int)worker_tag, &claims)) cli_usage_error("%s", kvz_error_detail());
+    } else if (kvz_shard_resolve(shard_flag, shards_flag, getenv, &shard)) {
+        cli_usage_error("%s", kvz_error_detail());
+    }
+    if (gpus_flag && workers) cli_usage_error("--gpus and --workers exclude each other");
+    if (gpus_flag && device_str && strcmp(device_str, "auto"))
+        cli_usage_error("--gpus picks the devices itself (cuda:0..N-1); drop --device");
+    if (gpus_flag) {
+        int have = 0;
+        const int rcg = kvz_dispatch_gpu_count(&have);
+        if (!strcmp(gpus_flag, "all")) {
+            if (rcg) { cli_error(rcg, "--gpus all"); return EXIT_MODEL; }
+            workers = have;
+        } else {
+            workers = cli_parse_long("--gpus", gpus_flag, 1, KVZ_DISPATCH_MAX_WORKERS);
+            if (rcg) { cli_error(rcg, "--gpus %ld", workers); return EXIT_MODEL; }
+            if (workers > have) {
+                fprintf(stderr, "kvzip-ingest: error: --gpus %ld: this host has %d usable GPU%s\n", workers,
+                        have, have == 1 ? "" : "s");
+                return EXIT_MODEL;
+            }
+        }
+    }
+    if (dev_ordinal >= 0 && !workers) {
+        int rcd = kvz_device_select(dev_ordinal);
+        if (rcd) { cli_error(rcd, "--device %s", device_str); return EXIT_MODEL; }
+    }
     if (id_flag && ni != 1) cli_usage_error("--id takes exactly one FILE argument");
 
     doc_list docs = {0};
     int failed = 0;
+    for (size_t j = 0; claims && j < kvz_claims_count(claims); j++) {
+        const char *cp, *cid;
+        int named;
+        kvz_claims_doc(claims, j, &cp, &cid, &named);
+        push_doc(&docs, cp, cid);
+        docs.v[docs.n - 1].named = named;
+    }
     for (int i = 0; i < ni; i++) {
         struct stat st;
         if (stat(inputs[i], &st)) {
@@ -216,10 +457,38 @@ int main(int argc, char **argv)
             docs.v[docs.n - 1].named = 1;
         }
     }
-    if (docs.n == 0 && !failed) {
+    if (docs.n == 0 && !failed && !claims) {
         fprintf(stderr, "kvzip-ingest: error: no .txt, .md or extension-less documents found\n");
         return EXIT_INPUT;
     }
+    uint64_t corpus_hash = 0;
+    size_t n_corpus = 0;
+    if (!claims) shard_filter(&docs, &shard, &corpus_hash, &n_corpus);
+    if (shard.n && !json && (!quiet || list_only))
+        fprintf(stderr, "kvzip-ingest: shard %u/%u (from %s): %zu of %zu documents (corpus listing %016llx)\n",
+                shard.index, shard.n, shard.source, docs.n, n_corpus, (unsigned long long)corpus_hash);
+    if (list_only) {
+        if (json) {
+            printf("{\"shard\": \"%u/%u\", \"corpus\": \"%016llx\", \"corpus_documents\": %zu, \"documents\": [",
+                   shard.n ? shard.index : 0, shard.n ? shard.n : 1, (unsigned long long)corpus_hash, n_corpus);
+            for (size_t i = 0; i < docs.n; i++) {
+                printf("%s", i ? ", " : "");
+                cli_json_str(stdout, docs.v[i].id, strlen(docs.v[i].id));
+            }
+            printf("]}\n");
+        } else {
+            for (size_t i = 0; i < docs.n; i++) printf("%s\n", docs.v[i].id);
+        }
+        return failed ? EXIT_FAIL : 0;
+    }
+    if (shard.n) {
+        int ex = shard_mark_store(cli_store_path(store_flag), &shard, corpus_hash, n_corpus);
+        if (ex) return ex;
+        if (docs.n == 0 && !failed) return 0; /* nothing of the corpus falls in this shard */
+    }
+    if (workers > 0)
+        return run_workers(&docs, argc, argv, (int)workers, device_str, gpus_flag != NULL, threads, json,
+                           quiet, cli_store_path(store_flag), failed, docs.skipped);
 
     kvz_model *m;
     int rc = cli_load_model(cli_model_path(model_flag), synth_flag, device, (int32_t)threads, &m);
@@ -275,6 +544,7 @@ int main(int argc, char **argv)
     const double t_start = kvz_now();
     for (size_t i = 0; i < docs.n; i++) {
         if (!ok[i]) continue;
+        if (claims && !kvz_claims_take(claims, i)) continue; /* another worker has it */
         const int32_t n = (int32_t)toks[i].n;
         const int32_t parts = (n + max_part - 1) / max_part;
         int doc_failed = 0;
@@ -356,5 +626,6 @@ summary:;
     free(inputs);
     kvz_store_close(st);
     kvz_model_free(m);
+    kvz_claims_close(claims);
     return failed ? EXIT_FAIL : 0;
 }
