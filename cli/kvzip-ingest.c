@@ -217,8 +217,8 @@ static void on_worker_line(void *u, int w, int is_out, const char *line)
         return;
     }
     if (p->quiet && !strstr(line, "error") && !strstr(line, "warning")) return;
-    fprintf(stderr, "[w%d %s %llu/%zu] %s\n", w, p->dev[w], (unsigned long long)kvz_dispatch_claimed(),
-            p->n_docs, line);
+    fprintf(stderr, "[w%d %s] %s  (%llu/%zu handed out)\n", w, p->dev[w], line,
+            (unsigned long long)kvz_dispatch_claimed(), p->n_docs);
 }
 
 static long long json_num(const char *js, const char *key)
@@ -579,7 +579,7 @@ int main(int argc, char **argv)
             b_full += r.bytes_full;
             b_kept += r.bytes_kept;
             b_stored += r.bytes_stored;
-            if (!quiet && !json)
+            if (!quiet && (!json || claims)) /* a worker's lines go to its parent */
                 fprintf(stderr, "%-10s %s  %d tokens  %.1f s\n",
                         r.status == KVZ_STORE_UNCHANGED ? "unchanged" :
                         r.status == KVZ_STORE_WRITTEN ? "ingested" : "linked",
