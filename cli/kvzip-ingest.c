@@ -170,6 +170,14 @@ static int on_progress(void *ctx, int64_t done, int64_t total)
 
 /* ---- scale-out: shards, --list, worker processes (docs/SCALE.md) ---- */
 
+static void free_docs(doc_list *l)
+{
+    for (size_t i = 0; i < l->n; i++) { free(l->v[i].path); free(l->v[i].id); }
+    free(l->v);
+    l->v = NULL;
+    l->n = 0;
+}
+
 /* Keep only the documents of shard @p sh; *corpus = listing hash of all ids before. */
 static void shard_filter(doc_list *l, const kvz_shard *sh, uint64_t *corpus, size_t *n_corpus)
 {
@@ -329,7 +337,8 @@ static int run_workers(doc_list *docs, int argc, char **argv, int n_workers, con
                 "%lld tokens in %.1f s (%.0f tok/s) | stored %.2f MB\n", n_workers, ing, unch, failed,
                 skipped, toks, secs, secs > 0 ? toks / secs : 0, stored / 1e6);
         for (int w = 0; w < n_workers; w++)
-            fprintf(stderr, "  worker %d (%s): %llu documents\n", w, devs[w], (unsigned long long)wk[w].claimed);
+            fprintf(stderr, "  worker %d (%s): %llu document%s\n", w, devs[w], (unsigned long long)wk[w].claimed,
+                    wk[w].claimed == 1 ? "" : "s");
     }
     for (int w = 0; w < n_workers; w++) { free(devs[w]); free(ps.summary[w]); }
     free(devs);
@@ -479,16 +488,25 @@ int main(int argc, char **argv)
         } else {
             for (size_t i = 0; i < docs.n; i++) printf("%s\n", docs.v[i].id);
         }
+        free_docs(&docs);
+        free(inputs);
         return failed ? EXIT_FAIL : 0;
     }
     if (shard.n) {
         int ex = shard_mark_store(cli_store_path(store_flag), &shard, corpus_hash, n_corpus);
-        if (ex) return ex;
-        if (docs.n == 0 && !failed) return 0; /* nothing of the corpus falls in this shard */
+        if (ex || (docs.n == 0 && !failed)) { /* nothing of the corpus falls in this shard */
+            free_docs(&docs);
+            free(inputs);
+            return ex;
+        }
     }
-    if (workers > 0)
-        return run_workers(&docs, argc, argv, (int)workers, device_str, gpus_flag != NULL, threads, json,
-                           quiet, cli_store_path(store_flag), failed, docs.skipped);
+    if (workers > 0) {
+        int ex = run_workers(&docs, argc, argv, (int)workers, device_str, gpus_flag != NULL, threads, json,
+                             quiet, cli_store_path(store_flag), failed, docs.skipped);
+        free_docs(&docs);
+        free(inputs);
+        return ex;
+    }
 
     kvz_model *m;
     int rc = cli_load_model(cli_model_path(model_flag), synth_flag, device, (int32_t)threads, &m);

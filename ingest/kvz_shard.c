@@ -132,7 +132,7 @@ int kvz_corpus_hash(const char *const *ids, size_t n, uint64_t *out)
         XXH64_freeState(st);
         return kvz_error_set(KVZ_ERR_NOMEM, "corpus hash");
     }
-    memcpy(v, ids, n * sizeof *v);
+    if (n) memcpy(v, ids, n * sizeof *v);
     qsort(v, n, sizeof *v, cmp_id);
     XXH64_reset(st, 0);
     for (size_t i = 0; i < n; i++) XXH64_update(st, v[i], strlen(v[i]) + 1);

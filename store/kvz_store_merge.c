@@ -5,12 +5,15 @@
 #include "kvz_error.h"
 #include "kvz_store.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct {
     char *id;
@@ -124,6 +127,40 @@ out:
     kvz_blob_meta_free(&m);
     kvz_store_read_end(r);
     return err;
+}
+
+/* A DST without data.mdb: create and initialise it beside, then rename it in. */
+static int create_dst(const char *dst, const uint8_t *fp)
+{
+    char p[PATH_MAX + 32], tmp[PATH_MAX + 64];
+    struct stat st;
+    if (snprintf(p, sizeof p, "%s/data.mdb", dst) >= (int)sizeof p)
+        return kvz_error_set(KVZ_ERR_ARG, "merge: destination path too long");
+    if (stat(p, &st) == 0) return 0;
+    char d[PATH_MAX];
+    snprintf(d, sizeof d, "%s", dst);
+    size_t dl = strlen(d);
+    while (dl > 1 && d[dl - 1] == '/') d[--dl] = 0;
+    const char *slash = strrchr(d, '/');
+    if (slash)
+        snprintf(tmp, sizeof tmp, "%.*s/.%s.merge-new.%ld", (int)(slash - d), d, slash + 1, (long)getpid());
+    else
+        snprintf(tmp, sizeof tmp, ".%s.merge-new.%ld", d, (long)getpid());
+    kvz_store *s;
+    int err = kvz_store_open(tmp, KVZ_STORE_CREATE, 0, fp, &s);
+    if (err) return err;
+    kvz_store_close(s);
+    if (rename(tmp, d)) { /* d exists and is not empty (but has no data.mdb): leave it alone */
+        const int e = errno;
+        char q[PATH_MAX + 80];
+        snprintf(q, sizeof q, "%s/data.mdb", tmp); unlink(q);
+        snprintf(q, sizeof q, "%s/lock.mdb", tmp); unlink(q);
+        rmdir(tmp);
+        return kvz_error_set(e == ENOTEMPTY || e == EEXIST ? KVZ_ERR_ARG : KVZ_ERR_IO,
+                             "merge: destination %s: %s (give a new or empty folder, or an existing store)",
+                             d, e == ENOTEMPTY || e == EEXIST ? "exists, is not empty and holds no store" : strerror(e));
+    }
+    return 0;
 }
 
 int kvz_store_merge(const char *const *src, size_t n_src, const char *dst,
@@ -289,7 +326,10 @@ int kvz_store_merge(const char *const *src, size_t n_src, const char *dst,
         goto out;
     }
 
-    /* 4. DST, then one transaction per document */
+    /* 4. DST, then one transaction per document. A new DST is initialised under a
+     * hidden name and renamed into place, so a kill before its first commit
+     * leaves no folder that is not yet a store. */
+    if ((err = create_dst(dst, have_fp ? fp : NULL))) { free(pick); goto out; }
     if ((err = kvz_store_open(dst, KVZ_STORE_CREATE, 0, have_fp ? fp : NULL, &d))) {
         char d0[512];
         snprintf(d0, sizeof d0, "%s", kvz_error_detail());

@@ -176,11 +176,11 @@ check "final store == phase 1's merged store (ids and content hashes)" cmp -s <(
 check "final store: 5 documents" test "$(ndocs "$T/final")" = 5
 
 # ---- a needle question from the final store ----
-Q="What is the emergency phone extension for laboratory B-214?"
+Q="Who is the laboratory supervisor of B-214?"   # samples/questions.jsonl: accept "Marwood"
 "$QRY" --store "$T/final" --doc lab_b214_safety_sop.md --threads 2 "$Q" >"$T/ans" 2>"$T/qerr" || bad "query: $(cat "$T/qerr")"
 echo "Q: $Q"
 echo "A: $(cat "$T/ans")"
-check "needle answered from the merged store (5555)" grep -q "5555" "$T/ans"
+check "needle answered from the merged store (Marwood)" grep -q "Marwood" "$T/ans"
 
 stop_cluster
 check "daemons stopped" test -z "$(for p in $(cat "$T/slurmctld.pid" "$T/slurmd.pid" 2>/dev/null); do kill -0 "$p" 2>/dev/null && echo "$p"; done)"
