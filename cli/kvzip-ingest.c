@@ -14,6 +14,7 @@
 #include "kvz_dispatch.h"
 #include "kvz_ingest.h"
 #include "kvz_shard.h"
+#include "kvz_store_merge.h"
 
 static void usage(void)
 {
@@ -202,6 +203,17 @@ static int shard_mark_store(const char *path, const kvz_shard *sh, uint64_t corp
     kvz_store *st;
     int rc = kvz_store_open(path, KVZ_STORE_CREATE, 0, NULL, &st);
     if (!rc) {
+        char old[128], now[64];
+        size_t len = 0;
+        snprintf(now, sizeof now, "%016llx %zu", (unsigned long long)corpus, n_corpus);
+        if (kvz_store_meta_get(st, KVZ_META_CORPUS, old, sizeof old - 1, &len) == 0) {
+            old[len < sizeof old ? len : sizeof old - 1] = 0;
+            if (strcmp(old, now))
+                fprintf(stderr, "kvzip-ingest: warning: %s was filled from corpus listing %s before, this "
+                        "run's listing is %s: the corpus changed; re-run every shard before merging\n",
+                        path, old, now);
+        }
+        kvz_error_clear();
         rc = kvz_shard_record(st, sh, corpus, n_corpus);
         kvz_store_close(st);
     }

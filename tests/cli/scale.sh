@@ -98,6 +98,10 @@ expect_err "merge: no --into" 2 "merge needs --into DST" "$STO" merge "$T/s0"
 cp -r "$D" "$T/corpus2"
 echo "A late addition about valve V-9." >"$T/corpus2/late.txt"
 "$ING" --quiet --shard 1/4 --store "$T/s1b" "$T/corpus2" || bad "shard of the changed corpus"
+cp -r "$T/s1" "$T/s1c"
+"$ING" --quiet --shard 1/4 --store "$T/s1c" "$T/corpus2" 2>"$T/cwarn" || bad "rerun of shard 1 on the changed corpus"
+check "rerun of a shard on a changed corpus warns" grep -q "warning: .* the corpus changed; re-run every shard" "$T/cwarn"
+sed 's/^/  /' "$T/cwarn"
 "$STO" merge "$T/s0" "$T/s1b" "$T/s2" "$T/s3" --into "$T/x3" >"$T/xout" 2>"$T/xerr"
 rc=$?
 check "mixed corpus: exit 1 (got $rc)" test "$rc" -eq 1
