@@ -19,7 +19,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvz_error.h"
 #include "kvz_generate.h"
+#include "kvz_ingest.h"
+#include "kvz_kvdtype.h"
+#include "kvz_load.h"
+#include "kvz_store.h"
 #include "kvz_kvzip.h"
 #include "kvz_model.h"
 #include "kvz_qdot.h"
@@ -220,6 +225,41 @@ int main(int argc, char **argv)
     printf("| %s | %d | %.2f | %.2f | %.2fx | %.2fx |\n", docp, n_all, t_prefill, t_ingest,
            t_ingest / t_prefill, (f_pre + f_rep) / f_pre);
     kvz_kv_free(kv);
+
+    /* store round trip on the CPU: the document ingested into a real store, then loaded
+     * by the one-thread loader (kvz_doc_load) and the pipelined one (kvz_load_doc), best of 3 */
+    {
+        char dir[] = "/tmp/kvz-bench-cpu-XXXXXX";
+        uint8_t fp[16];
+        kvz_model_fingerprint(m, fp);
+        kvz_store *st = NULL;
+        kvz_ingest_opts io;
+        kvz_ingest_defaults(&io);
+        kvz_ingest_result res;
+        double tl[2] = {1e30, 1e30};
+        kvz_doc_meta dm;
+        if (mkdtemp(dir) && !kvz_store_open(dir, KVZ_STORE_CREATE, 0, fp, &st) &&
+            !kvz_ingest_doc(m, st, "doc", NULL, ctx.ids, nctx, &io, &res)) {
+            for (int rep = 0; rep < 3; rep++)
+                for (int w = 0; w < 2; w++) {
+                    kvz_kv *lk = NULL;
+                    t0 = kvz_now();
+                    int rc = w ? kvz_load_doc(m, st, "doc", 0, 1024, NULL, &lk, &dm) : kvz_doc_load(m, st, "doc", 0, 1024, &lk, &dm);
+                    const double t = kvz_now() - t0;
+                    if (!rc && t < tl[w]) tl[w] = t;
+                    kvz_kv_free(lk);
+                }
+            printf("\n| store round trip (CPU), %d tokens, %s (ingest default) | stored MB | old load s (1 thread) | pipelined load s (%d threads) |\n|---|---|---|---|\n",
+                   nctx, kvz_kv_dtype_name(io.dtype), kvz_load_threads(NULL));
+            printf("| %s | %.1f | %.4f | %.4f |\n", docp, res.bytes_stored / 1e6, tl[0], tl[1]);
+        } else {
+            printf("\n(store round trip skipped: %s)\n", kvz_error_detail());
+        }
+        kvz_store_close(st);
+        char cmd[96];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
+    }
     free(scores); free(keep); free(all); free(text);
     kvz_tokens_free(&pre); kvz_tokens_free(&ctx);
     kvz_model_free(m);

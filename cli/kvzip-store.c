@@ -12,6 +12,7 @@
 #include "kvz_kvdtype.h"
 #include "kvz_error.h"
 #include "kvz_store.h"
+#include "kvz_store_merge.h"
 
 static void usage(void)
 {
@@ -43,6 +44,23 @@ static void usage(void)
         "                  damaged store (a data.mdb cut short or with damaged pages);\n"
         "                  the store itself is only read. Exit 0 when nothing was lost\n"
         "                  and 5 when something was\n"
+        "  merge SRC... --into DST [--prefer newest] [--allow-mixed-corpus] [--quiet]\n"
+        "                  copy every document of the SRC stores into DST (created when\n"
+        "                  missing), one transaction per document: a blob is fully decoded\n"
+        "                  first and skipped (reported, exit 1) when it does not verify; a\n"
+        "                  content hash DST already has is linked, not copied. An id with\n"
+        "                  different content in two sources is a conflict: merge lists the\n"
+        "                  conflicts and writes nothing (exit 1), unless --prefer newest\n"
+        "                  (the newest ingest wins). Sources made from different corpus\n"
+        "                  listings (recorded by kvzip-ingest --shard) are refused the same\n"
+        "                  way unless --allow-mixed-corpus. Refuses stores of another model\n"
+        "                  (exit 4) and DST among the sources (exit 2). Rerun after an\n"
+        "                  interruption to finish (one transaction per document);\n"
+        "                  a repeated merge writes nothing.\n"
+        "  snapshot DIR    consistent compacted copy of the store (LMDB copy with\n"
+        "                  compaction, of one read snapshot) into DIR, which must not exist\n"
+        "                  or be empty (exit 1 otherwise); safe while kvzip-ingest writes.\n"
+        "                  Ship DIR to query hosts and open it there read-only.\n"
         "\n"
         "Options:\n"
         "  --store DIR     store folder (default: $KVZ_STORE or ./%s)\n"
@@ -586,9 +604,135 @@ static int cmd_stats(kvz_store *s, const char *path)
 
 /* ========================================================================= */
 
+/* ========================================================================= */
+/* merge, snapshot (docs/SCALE.md)                                             */
+
+static int on_merge(void *u, int kind, const char *msg)
+{
+    const int *quiet = u;
+    if (kind == KVZ_MERGE_DOC) {
+        if (!*quiet && !json) fprintf(stderr, "%s\n", msg);
+    } else if (kind == KVZ_MERGE_CONFLICT) {
+        fprintf(stderr, "kvzip-store: merge: conflict: %s\n", msg);
+    } else if (kind == KVZ_MERGE_CORPUS && !strncmp(msg, "note: ", 6)) {
+        fprintf(stderr, "kvzip-store: merge: warning: %s\n", msg + 6);
+    } else {
+        fprintf(stderr, "kvzip-store: merge: %s%s\n", kind == KVZ_MERGE_BAD_BLOB ? "error: " : "", msg);
+    }
+    return 0;
+}
+
+static int cmd_merge(const char **srcs, int n, const char *into, const kvz_merge_opts *o, int quiet)
+{
+    kvz_merge_result r;
+    int rc = kvz_store_merge(srcs, (size_t)n, into, o, on_merge, &quiet, &r);
+    if (rc) {
+        if (rc == KVZ_ERR_MODEL || rc == KVZ_ERR_ARG || rc == KVZ_ERR_NOTFOUND) {
+            fprintf(stderr, "kvzip-store: error: %s (%s)\n", kvz_error_detail(), kvz_strerror(rc));
+            kvz_error_clear();
+        } else {
+            cli_error(rc, "merge into %s stopped (documents merged so far stay; rerun to finish)", into);
+        }
+        return rc == KVZ_ERR_MODEL ? EXIT_MODEL : store_exit(rc);
+    }
+    if (r.refused) {
+        if (r.conflicts)
+            fprintf(stderr, "kvzip-store: error: %" PRIu64 " document id%s with different content in "
+                    "two sources; nothing merged (--prefer newest takes the newest ingest)\n",
+                    r.conflicts, r.conflicts == 1 ? "" : "s");
+        else
+            fprintf(stderr, "kvzip-store: error: the sources were made from different corpus "
+                    "listings; nothing merged (re-run the stale shards, or --allow-mixed-corpus)\n");
+        return EXIT_FAIL;
+    }
+    if (json) {
+        printf("{\"into\": ");
+        cli_json_str(stdout, into, strlen(into));
+        printf(", \"docs\": %" PRIu64 ", \"copied\": %" PRIu64 ", \"linked\": %" PRIu64
+               ", \"unchanged\": %" PRIu64 ", \"replaced\": %" PRIu64 ", \"bad\": %" PRIu64
+               ", \"conflicts_resolved\": %" PRIu64 ", \"mixed_corpus\": %s, \"bytes_copied\": %" PRIu64 "}\n",
+               r.n_docs, r.copied, r.linked, r.unchanged, r.replaced, r.bad, r.conflicts,
+               r.mixed_corpus ? "true" : "false", r.bytes_copied);
+    } else {
+        printf("merge: %" PRIu64 " documents from %d store%s into %s: %" PRIu64 " copied, %" PRIu64
+               " linked, %" PRIu64 " unchanged, %" PRIu64 " replaced, %" PRIu64 " skipped (blob "
+               "does not verify), %" PRIu64 " conflicts resolved\n", r.n_docs, n, n == 1 ? "" : "s",
+               into, r.copied, r.linked, r.unchanged, r.replaced, r.bad, r.conflicts);
+    }
+    if (r.bad) {
+        fprintf(stderr, "kvzip-store: error: %" PRIu64 " document%s not merged: %s blob did not verify\n",
+                r.bad, r.bad == 1 ? "" : "s", r.bad == 1 ? "its" : "their");
+        return EXIT_FAIL;
+    }
+    return EXIT_OK;
+}
+
+static int cmd_snapshot(kvz_store *s, const char *path, const char *dir)
+{
+    int rc = kvz_store_snapshot(s, dir);
+    if (rc) {
+        if (rc == KVZ_ERR_ARG) {
+            fprintf(stderr, "kvzip-store: error: %s (%s)\n", kvz_error_detail(), kvz_strerror(rc));
+            kvz_error_clear();
+            return EXIT_FAIL;
+        }
+        cli_error(rc, "snapshot of %s into %s failed (nothing left there)", path, dir);
+        return store_exit(rc);
+    }
+    char p[4200];
+    struct stat fs;
+    snprintf(p, sizeof p, "%s/data.mdb", dir);
+    const uint64_t bytes = stat(p, &fs) == 0 ? (uint64_t)fs.st_size : 0;
+    if (json) {
+        printf("{\"snapshot\": ");
+        cli_json_str(stdout, dir, strlen(dir));
+        printf(", \"bytes\": %" PRIu64 "}\n", bytes);
+    } else {
+        char b[32];
+        fmt_bytes(bytes, b);
+        printf("snapshot: %s -> %s (%s, compacted)\n", path, dir, b);
+    }
+    return EXIT_OK;
+}
+
+/* `kvzip-store [--json] merge SRC... --into DST ...`: its own argument list. */
+static int main_merge(int argc, char **argv)
+{
+    const char **srcs = calloc((size_t)argc, sizeof *srcs);
+    const char *into = NULL;
+    int n = 0, seen = 0, quiet = 0;
+    kvz_merge_opts o = {0, 0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--quiet")) quiet = 1;
+        else if (!strcmp(a, "--into")) into = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--prefer")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (strcmp(v, "newest")) cli_usage_error("--prefer expects 'newest', got '%s'", v);
+            o.prefer_newest = 1;
+        } else if (!strcmp(a, "--allow-mixed-corpus")) o.allow_mixed_corpus = 1;
+        else if (!strcmp(a, "--store")) cli_usage_error("merge names its stores as SRC... --into DST, not with --store");
+        else if (a[0] == '-' && a[1] == '-' && a[2]) cli_usage_error("unknown option '%s'", a);
+        else if (!seen && !strcmp(a, "merge")) seen = 1;
+        else srcs[n++] = a;
+    }
+    if (!n) cli_usage_error("merge needs at least one source store: merge SRC... --into DST");
+    if (!into) cli_usage_error("merge needs --into DST");
+    int ex = cmd_merge(srcs, n, into, &o, quiet);
+    free(srcs);
+    return ex;
+}
+
 int main(int argc, char **argv)
 {
     cli_init("kvzip-store", argv);
+    for (int i = 1; i < argc; i++) { /* merge has its own argument syntax */
+        if (!strcmp(argv[i], "--store")) { i++; continue; }
+        if (argv[i][0] == '-') continue;
+        if (!strcmp(argv[i], "merge")) return main_merge(argc, argv);
+        break;
+    }
     const char *store_flag = NULL, *cmd = NULL, *arg = NULL;
     int compact = 0, opts_done = 0;
     for (int i = 1; i < argc; i++) {
@@ -609,9 +753,10 @@ int main(int argc, char **argv)
         else if (!arg) arg = a;
         else cli_usage_error("unexpected argument '%s'", E(a));
     }
-    if (!cmd) cli_usage_error("no command given (ls, show, rm, verify, gc, stats, salvage)");
+    if (!cmd) cli_usage_error("no command given (ls, show, rm, verify, gc, stats, salvage, merge, snapshot)");
+    if (!strcmp(cmd, "snapshot") && !arg) cli_usage_error("snapshot needs a target folder");
     const int salvage = !strcmp(cmd, "salvage");
-    int needs_id = !strcmp(cmd, "show") || !strcmp(cmd, "rm");
+    int needs_id = !strcmp(cmd, "show") || !strcmp(cmd, "rm") || !strcmp(cmd, "snapshot");
     int known = needs_id || salvage || !strcmp(cmd, "ls") || !strcmp(cmd, "verify") ||
                 !strcmp(cmd, "gc") || !strcmp(cmd, "stats");
     if (!known) cli_usage_error("unknown command '%s'", E(cmd));
@@ -642,6 +787,7 @@ int main(int argc, char **argv)
     else if (!strcmp(cmd, "verify")) ex = cmd_verify(s, path);
     else if (!strcmp(cmd, "gc")) ex = cmd_gc(&s, path, compact);
     else if (salvage) ex = cmd_salvage(s, path, arg);
+    else if (!strcmp(cmd, "snapshot")) ex = cmd_snapshot(s, path, arg);
     else ex = cmd_stats(s, path);
     kvz_store_close(s);
     return ex;

@@ -328,7 +328,16 @@ void kvzip_session_defaults(kvzip_session_opts *o);
 
 /**
  * Open a session on the stored document @p doc_id: read, verify and decompress its
- * cache into memory (the store is not needed afterwards).
+ * cache into memory (the store is not needed afterwards). Loading is pipelined
+ * (records decompressed on a thread pool; on CUDA uploaded layer by layer while the
+ * next ones decompress and converted on the GPU). The model keeps the caches of
+ * closed sessions in a per-model document cache (least recently used out first,
+ * 512 MiB by default, in device memory on CUDA; the environment variable
+ * KVZIP_DOC_CACHE_MB read at kvzip_model_open sets its size, 0 = keep nothing):
+ * a later session on the same document, with the same budget and question room,
+ * reuses it without reading the store, as long as the store still maps @p doc_id
+ * to the same content (checked on every open). Two open sessions on one document
+ * never share a cache: the second gets its own copy.
  * @param opts  NULL = kvzip_session_defaults().
  * @return 0; KVZIP_ERR_ARG (NULL, budget 1..15 or negative, max_tokens < 1);
  *   KVZIP_ERR_CLOSED (m or s); KVZIP_ERR_NOTFOUND (no such id; a document stored in
@@ -361,7 +370,8 @@ typedef struct kvzip_session_info {
     float ratio;             /**< kept ratio it was ingested with (1 for text) */
     uint64_t rows_kept;      /**< KV rows held, over all layers and KV heads */
     uint64_t rows_full;      /**< rows of the uncompressed cache (doc_tokens x layers x KV heads) */
-    double load_s;           /**< store: read + verify + decompress + place; text: prefill */
+    double load_s;           /**< store: read + verify + decompress + place (a reused
+                                  cache: the time to find it); text: prefill */
 } kvzip_session_info;
 
 /** @return 0; KVZIP_ERR_ARG. */

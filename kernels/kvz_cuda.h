@@ -426,6 +426,35 @@ int kvz_cuda_kv_compact(cudaStream_t s, const kvz_cuda_kv *src, int n_prefix, in
  */
 int kvz_cuda_kv_copy(cudaStream_t s, const kvz_cuda_kv *src, const kvz_cuda_kv *dst, int max_rows);
 
+/* ========================================================================== */
+/* Load path: stored rows <-> the bf16 cache (kernels/kvload.cu)             */
+
+/**
+ * One layer of stored rows into the cache in one launch: for every head h, cache rows
+ * [row0, row0 + rows[h]) (host counts, row0 + rows[h] <= cap) come from the flat head-major source arrays
+ * (head h's rows start at rows[0] + ... + rows[h-1]) in stored type @p dtype
+ * (kvz_kv_dtype of common/kvz_kvdtype.h: F32, F16, BF16, Q8 or Q4, row layouts
+ * there), are dequantised in fp32 and written as bf16 (round to nearest even: the
+ * bits of kvz_fp32_to_bf16 on the same fp32 value); pos (u32, same order) is copied
+ * and the device len[h] set to row0 + rows[h]. Rows below row0 are not touched (a
+ * shared system prefix loaded by an earlier call).
+ * @param k_src, v_src device, (Σ rows) rows of kvz_kv_row_bytes(dtype, hd) bytes;
+ *        16-byte aligned for F32/F16/BF16.  @param pos_src (Σ rows) u32 device.
+ * n_kv <= 64, hd % 8 == 0 (% 32 for Q8/Q4). Errors: KVZ_ERR_ARG, KVZ_ERR_CUDA.
+ */
+int kvz_cuda_kv_load(cudaStream_t s, const kvz_cuda_kv *kv, int dtype, const int32_t *rows, int32_t row0,
+                     const void *k_src, const void *v_src, const uint32_t *pos_src);
+
+/**
+ * Quantized export (the reverse for the ingest): rows [0, rows[h]) of every head, back
+ * to back, quantized to @p dtype = KVZ_KV_Q8 or KVZ_KV_Q4 exactly as
+ * common/kvz_kvdtype.h specifies (scales rounded to f16 first; q8 round half away
+ * from zero). @param k_out, v_out (Σ rows) rows of kvz_kv_row_bytes(dtype, hd) bytes,
+ * device, 4-byte aligned; @param pos_out (Σ rows) u32 device. hd % 64 == 0, n_kv <= 64.
+ */
+int kvz_cuda_kv_export_q(cudaStream_t s, const kvz_cuda_kv *kv, int dtype, const int32_t *rows,
+                         void *k_out, void *v_out, uint32_t *pos_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -36,6 +36,7 @@
 #endif
 extern "C" {
 #include "kvz_model_impl.h"
+#include "kvz_cuda_loader.h"
 }
 
 /* eviction modes of ingest/kvz_kvzip.h (KVZ_EVICT_GLOBAL / KVZ_EVICT_UNIFORM) */
@@ -191,6 +192,13 @@ struct kvz_cuda_model {
     cuda_layer *L;    /* (n_layer) */
     float *staging;   /* upload staging (fp32) */
     size_t staging_n;
+    /* pipelined loader (kvz_cuda_load_*): pinned host slots, one device staging
+     * buffer per slot, an event per slot marking its upload done */
+    void *ld_h[KVZ_CUDA_LOAD_MAX_SLOTS];
+    void *ld_d[KVZ_CUDA_LOAD_MAX_SLOTS];
+    cudaEvent_t ld_ev[KVZ_CUDA_LOAD_MAX_SLOTS];
+    size_t ld_bytes;  /* bytes of each slot */
+    int ld_n;         /* slots allocated */
 };
 
 extern "C" int kvz_cuda_available(void)
@@ -378,6 +386,11 @@ extern "C" void kvz_cuda_model_free(kvz_model *m)
     dfree(g->tok_embd);
     dfree(g->out_norm);
     dfree(g->staging);
+    for (int i = 0; i < g->ld_n; i++) {
+        cudaFreeHost(g->ld_h[i]);
+        dfree(g->ld_d[i]);
+        cudaEventDestroy(g->ld_ev[i]);
+    }
     kvz_cuda_blas_destroy(g->blas);
     if (g->s) cudaStreamDestroy(g->s);
     free(g);
@@ -1378,4 +1391,199 @@ extern "C" int kvz_cuda_kv_out_pos(const kvz_kv *kv, int32_t layer, int32_t *pos
     KVZ_CUDA_TRY(cudaMemcpy(pos, kv->cuda->opos + (size_t)layer * kv->out_slots,
                             (size_t)kv->out_slots * 4, cudaMemcpyDeviceToHost));
     return 0;
+}
+
+/* ====================================================================== */
+/* pipelined loader (kvz_cuda_loader.h)                                     */
+
+static void load_free_slots(kvz_cuda_model *g)
+{
+    for (int i = 0; i < g->ld_n; i++) {
+        cudaFreeHost(g->ld_h[i]);
+        dfree(g->ld_d[i]);
+        cudaEventDestroy(g->ld_ev[i]);
+        g->ld_h[i] = g->ld_d[i] = NULL;
+    }
+    g->ld_n = 0;
+    g->ld_bytes = 0;
+}
+
+extern "C" int kvz_cuda_load_slots(kvz_model *m, size_t slot_bytes, int nslot, void **slots)
+{
+    kvz_cuda_model *g = m->cuda;
+    if (!g || nslot < 1 || nslot > KVZ_CUDA_LOAD_MAX_SLOTS || !slots)
+        return kvz_error_set(KVZ_ERR_ARG, "load_slots: bad arguments");
+    slot_bytes = al256(slot_bytes ? slot_bytes : 1);
+    if (slot_bytes > g->ld_bytes || nslot > g->ld_n) {
+        KVZ_CUDA_TRY(cudaStreamSynchronize(g->s));
+        const size_t bytes = slot_bytes > g->ld_bytes ? slot_bytes + slot_bytes / 4 : g->ld_bytes;
+        const int n = nslot > g->ld_n ? nslot : g->ld_n;
+        load_free_slots(g);
+        for (int i = 0; i < n; i++) {
+            cudaError_t e = cudaHostAlloc(&g->ld_h[i], bytes, cudaHostAllocDefault);
+            if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->ld_ev[i], cudaEventDisableTiming);
+            if (e != cudaSuccess) {
+                cudaGetLastError();
+                if (g->ld_h[i]) cudaFreeHost(g->ld_h[i]);
+                g->ld_h[i] = NULL;
+                g->ld_n = i;
+                load_free_slots(g);
+                return kvz_error_set(e == cudaErrorMemoryAllocation ? KVZ_ERR_NOMEM : KVZ_ERR_CUDA,
+                                     "pinned load staging (%d x %.1f MiB): %s", n, bytes / 1048576.0,
+                                     cudaGetErrorString(e));
+            }
+            int rc = dmalloc(&g->ld_d[i], bytes, "load staging");
+            g->ld_n = i + 1;
+            if (rc) {
+                load_free_slots(g);
+                return rc;
+            }
+        }
+        g->ld_bytes = bytes;
+    }
+    for (int i = 0; i < nslot; i++) slots[i] = g->ld_h[i];
+    return 0;
+}
+
+extern "C" int kvz_cuda_load_layer(kvz_kv *kv, int32_t layer, int slot, int dtype, const uint32_t *counts,
+                                   int32_t row0, size_t k_off, size_t v_off, size_t pos_off, size_t bytes)
+{
+    kvz_cuda_cache *cc = kv->cuda;
+    kvz_cuda_model *g = kv->m->cuda;
+    if (!cc || !g || slot < 0 || slot >= g->ld_n || bytes > g->ld_bytes || layer < 0 ||
+        layer >= kv->n_layer || kv->n_kv_head > 64)
+        return kvz_error_set(KVZ_ERR_ARG, "load_layer: bad arguments");
+    int32_t rows[64];
+    for (int32_t h = 0; h < kv->n_kv_head; h++) {
+        if ((int64_t)counts[h] + row0 > kv->cap)
+            return kvz_error_set(KVZ_ERR_CONTEXT, "layer %d head %d: %lld rows exceed the cache capacity %lld",
+                                 layer, h, (long long)counts[h] + row0, (long long)kv->cap);
+        rows[h] = (int32_t)counts[h];
+    }
+    const cudaStream_t s = g->s;
+    char *d = (char *)g->ld_d[slot];
+    if (bytes) KVZ_CUDA_TRY(cudaMemcpyAsync(d, g->ld_h[slot], bytes, cudaMemcpyHostToDevice, s));
+    TRY(kvz_cuda_kv_load(s, &cc->L[layer], dtype, rows, row0, d + k_off, d + v_off, (const uint32_t *)(d + pos_off)));
+    KVZ_CUDA_TRY(cudaEventRecord(g->ld_ev[slot], s));
+    for (int32_t h = 0; h < kv->n_kv_head; h++) kv->len[(size_t)layer * kv->n_kv_head + h] = row0 + rows[h];
+    return 0;
+}
+
+extern "C" int kvz_cuda_load_wait(kvz_model *m, int slot)
+{
+    kvz_cuda_model *g = m->cuda;
+    if (!g || slot < 0 || slot >= g->ld_n) return kvz_error_set(KVZ_ERR_ARG, "load_wait: bad slot");
+    KVZ_CUDA_TRY(cudaEventSynchronize(g->ld_ev[slot]));
+    return 0;
+}
+
+extern "C" int kvz_cuda_load_finish(kvz_model *m)
+{
+    if (!m->cuda) return 0;
+    KVZ_CUDA_TRY(cudaStreamSynchronize(m->cuda->s));
+    return 0;
+}
+
+extern "C" void kvz_cuda_load_release(kvz_model *m)
+{
+    if (!m->cuda) return;
+    cudaStreamSynchronize(m->cuda->s);
+    load_free_slots(m->cuda);
+}
+
+extern "C" int kvz_cuda_kv_export_layer_q(const kvz_kv *kv, int32_t layer, int dtype, const uint32_t **pos,
+                                          const void **k, const void **v)
+{
+    kvz_cuda_cache *cc = kv->cuda;
+    if (!cc || layer < 0 || layer >= kv->n_layer || kv->n_kv_head > 64)
+        return kvz_error_set(KVZ_ERR_ARG, "kv_export_layer_q: bad arguments");
+    const size_t rb = kvz_kv_row_bytes(dtype, (size_t)kv->head_dim);
+    if (!rb || (dtype != KVZ_KV_Q8 && dtype != KVZ_KV_Q4))
+        return kvz_error_set(KVZ_ERR_ARG, "kv_export_layer_q: dtype %d is not q8/q4 for head_dim %d", dtype,
+                             kv->head_dim);
+    int32_t rows[64];
+    size_t total = 0;
+    for (int32_t h = 0; h < kv->n_kv_head; h++) {
+        rows[h] = (int32_t)kv->len[(size_t)layer * kv->n_kv_head + h];
+        total += (size_t)rows[h];
+    }
+    const size_t kb = al256(total * rb), need = 2 * kb + al256(total * 4);
+    if (need > cc->exp_d_bytes) {
+        dfree(cc->exp_d);
+        cc->exp_d = NULL;
+        cc->exp_d_bytes = 0;
+        TRY(dmalloc(&cc->exp_d, need, "export staging"));
+        cc->exp_d_bytes = need;
+    }
+    if (need > cc->exp_h_bytes) {
+        if (cc->exp_h) cudaFreeHost(cc->exp_h);
+        cc->exp_h = NULL;
+        cc->exp_h_bytes = 0;
+        KVZ_CUDA_TRY(cudaHostAlloc(&cc->exp_h, need, cudaHostAllocDefault));
+        cc->exp_h_bytes = need;
+    }
+    const cudaStream_t s = kv->m->cuda->s;
+    char *d = (char *)cc->exp_d, *h = (char *)cc->exp_h;
+    TRY(kvz_cuda_kv_export_q(s, &cc->L[layer], dtype, rows, d, d + kb, (uint32_t *)(d + 2 * kb)));
+    KVZ_CUDA_TRY(cudaMemcpyAsync(h, d, 2 * kb + total * 4, cudaMemcpyDeviceToHost, s));
+    KVZ_CUDA_TRY(cudaStreamSynchronize(s));
+    *k = h;
+    *v = h + kb;
+    *pos = (const uint32_t *)(h + 2 * kb);
+    return 0;
+}
+
+extern "C" int kvz_cuda_kv_export_layer_to(const kvz_kv *kv, int32_t layer, int dtype, void *k_dst, void *v_dst,
+                                           uint32_t *pos_dst)
+{
+    kvz_cuda_cache *cc = kv->cuda;
+    const size_t rb = kvz_kv_row_bytes(dtype, (size_t)kv->head_dim);
+    if (!cc || layer < 0 || layer >= kv->n_layer || kv->n_kv_head > 64 || !rb || !k_dst || !v_dst || !pos_dst)
+        return kvz_error_set(KVZ_ERR_ARG, "kv_export_layer_to: bad arguments");
+    int32_t rows[64];
+    size_t total = 0;
+    for (int32_t h = 0; h < kv->n_kv_head; h++) {
+        rows[h] = (int32_t)kv->len[(size_t)layer * kv->n_kv_head + h];
+        total += (size_t)rows[h];
+    }
+    if (!total) return 0;
+    const size_t kb = al256(total * rb), need = 2 * kb + al256(total * 4);
+    if (need > cc->exp_d_bytes) {
+        dfree(cc->exp_d);
+        cc->exp_d = NULL;
+        cc->exp_d_bytes = 0;
+        TRY(dmalloc(&cc->exp_d, need, "export staging"));
+        cc->exp_d_bytes = need;
+    }
+    const cudaStream_t s = kv->m->cuda->s;
+    char *d = (char *)cc->exp_d;
+    if (dtype == KVZ_KV_Q8 || dtype == KVZ_KV_Q4) {
+        TRY(kvz_cuda_kv_export_q(s, &cc->L[layer], dtype, rows, d, d + kb, (uint32_t *)(d + 2 * kb)));
+    } else {
+        const kvz_cuda_dtype dt = dtype == KVZ_KV_F32 ? KVZ_CUDA_F32 : dtype == KVZ_KV_F16 ? KVZ_CUDA_F16 : KVZ_CUDA_BF16;
+        TRY(kvz_cuda_kv_export(s, &cc->L[layer], rows, dt, d, d + kb, (int32_t *)(d + 2 * kb)));
+    }
+    KVZ_CUDA_TRY(cudaMemcpyAsync(k_dst, d, total * rb, cudaMemcpyDeviceToHost, s));
+    KVZ_CUDA_TRY(cudaMemcpyAsync(v_dst, d + kb, total * rb, cudaMemcpyDeviceToHost, s));
+    KVZ_CUDA_TRY(cudaMemcpyAsync(pos_dst, d + 2 * kb, total * 4, cudaMemcpyDeviceToHost, s));
+    KVZ_CUDA_TRY(cudaStreamSynchronize(s));
+    return 0;
+}
+
+extern "C" int kvz_cuda_host_alloc(void **p, size_t bytes)
+{
+    *p = NULL;
+    cudaError_t e = cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *p = NULL;
+        return kvz_error_set(e == cudaErrorMemoryAllocation ? KVZ_ERR_NOMEM : KVZ_ERR_CUDA, "pinned host memory "
+                             "(%.1f MiB): %s", bytes / 1048576.0, cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+extern "C" void kvz_cuda_host_free(void *p)
+{
+    if (p) cudaFreeHost(p);
 }

@@ -5,6 +5,7 @@
 #include "kvz_error.h"
 
 #include <dirent.h>
+#include <limits.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <lmdb.h>
@@ -729,6 +730,132 @@ void kvz_store_close(kvz_store *s)
 void kvz_store_set_max_map(kvz_store *s, uint64_t max_bytes)
 {
     if (s) s->max_map = max_bytes;
+}
+
+/* ========================================================================= */
+/* Scale-out primitives: user metadata, snapshot (kvz_store.h "Scale-out")     */
+
+static int meta_key_ok(const char *key, size_t *n)
+{
+    static const char *const reserved[] = {"format_version", "created_by", "model_fp", RETIRED_KEY};
+    if (!key || !(*n = strlen(key)) || *n > 64)
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_store: metadata key must be 1..64 bytes");
+    for (size_t i = 0; i < sizeof reserved / sizeof *reserved; i++)
+        if (!strcmp(key, reserved[i]))
+            return kvz_error_set(KVZ_ERR_ARG, "kvz_store: metadata key '%s' is reserved", key);
+    return 0;
+}
+
+typedef struct { const char *key; size_t klen; const void *val; size_t vlen; } meta_ctx;
+
+static int meta_body(kvz_store *s, MDB_txn *txn, void *vctx)
+{
+    meta_ctx *c = vctx;
+    MDB_val k = {c->klen, (void *)c->key}, v = {c->vlen, (void *)c->val}, old;
+    int rc = mdb_get(txn, s->meta, &k, &old);
+    if (rc == 0 && old.mv_size == c->vlen && !memcmp(old.mv_data, c->val, c->vlen)) return NOOP_INTERNAL;
+    if (rc && rc != MDB_NOTFOUND) return body_rc(rc, "read meta");
+    return body_rc(mdb_put(txn, s->meta, &k, &v, 0), "write meta");
+}
+
+int kvz_store_meta_set(kvz_store *s, const char *key, const void *val, size_t len)
+{
+    size_t kl = 0;
+    int err;
+    if (!s || (!val && len)) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    if ((err = meta_key_ok(key, &kl))) return err;
+    if (len > 4096) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: metadata value over 4096 bytes");
+    meta_ctx c = {key, kl, val ? val : "", len};
+    return run_write(s, meta_body, &c, 1 << 16);
+}
+
+int kvz_store_meta_get(kvz_store *s, const char *key, void *buf, size_t cap, size_t *len)
+{
+    size_t kl = 0;
+    int err;
+    if (len) *len = 0;
+    if (!s || !len || (!buf && cap)) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    if ((err = meta_key_ok(key, &kl))) return err;
+    kvz_store_read *r;
+    if ((err = kvz_store_read_begin(s, &r))) return err;
+    MDB_val k = {kl, (void *)key}, v;
+    int rc = mdb_get(r->txn, s->meta, &k, &v);
+    if (rc == MDB_NOTFOUND) err = kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: no metadata '%s'", key);
+    else if (rc) err = lmdb_err(rc, "read meta");
+    else {
+        *len = v.mv_size;
+        memcpy(buf, v.mv_data, v.mv_size < cap ? v.mv_size : cap);
+    }
+    kvz_store_read_end(r);
+    return err;
+}
+
+static int check_copy(const char *dir);
+static int fsync_path(const char *p);
+static int pathf(char *out, size_t cap, const char *fmt, ...);
+static void rm_store_dir(const char *d);
+
+int kvz_store_snapshot(kvz_store *s, const char *dir)
+{
+    if (!s || !dir || !*dir) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    char d[4096], tmp[4200], parent[4096];
+    if (pathf(d, sizeof d, "%s", dir)) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: path too long");
+    size_t dl = strlen(d);
+    while (dl > 1 && d[dl - 1] == '/') d[--dl] = 0;
+    /* the destination: missing, or an empty folder (replaced atomically by rename) */
+    struct stat st;
+    if (stat(d, &st) == 0) {
+        if (!S_ISDIR(st.st_mode))
+            return kvz_error_set(KVZ_ERR_ARG, "kvz_store: snapshot target %s exists and is not a folder", d);
+        DIR *dd = opendir(d);
+        if (!dd) return kvz_error_set(KVZ_ERR_IO, "kvz_store: %s: %s", d, strerror(errno));
+        struct dirent *e;
+        int empty = 1;
+        while ((e = readdir(dd)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) { empty = 0; break; }
+        closedir(dd);
+        if (!empty)
+            return kvz_error_set(KVZ_ERR_ARG, "kvz_store: snapshot target %s exists and is not empty "
+                                 "(give a new folder)", d);
+    } else if (errno != ENOENT) {
+        return kvz_error_set(KVZ_ERR_IO, "kvz_store: %s: %s", d, strerror(errno));
+    }
+    char real_src[PATH_MAX], real_parent[PATH_MAX];
+    const char *slash = strrchr(d, '/');
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == d) snprintf(parent, sizeof parent, "/");
+    else snprintf(parent, sizeof parent, "%.*s", (int)(slash - d), d);
+    if (!realpath(parent, real_parent))
+        return kvz_error_set(KVZ_ERR_IO, "kvz_store: snapshot folder's parent %s: %s", parent, strerror(errno));
+    if (realpath(s->dir, real_src) && stat(d, &st) == 0) {
+        char real_dst[PATH_MAX];
+        if (realpath(d, real_dst) && !strcmp(real_dst, real_src))
+            return kvz_error_set(KVZ_ERR_ARG, "kvz_store: snapshot target is the store itself");
+    }
+    if (pathf(tmp, sizeof tmp, "%s/.%s.snapshot.%ld", real_parent, slash ? slash + 1 : d, (long)getpid()))
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_store: path too long");
+    rm_store_dir(tmp); /* a leftover of this pid: only our two files */
+    if (mkdir(tmp, 0755))
+        return kvz_error_set(KVZ_ERR_IO, "kvz_store: mkdir %s: %s", tmp, strerror(errno));
+    /* a read transaction's snapshot, compacted; writers of any process go on meanwhile */
+    int err = 0, rc;
+    pthread_rwlock_rdlock(&s->lock);
+    rc = mdb_env_copy2(s->env, tmp, MDB_CP_COMPACT);
+    pthread_rwlock_unlock(&s->lock);
+    char p[4300];
+    pathf(p, sizeof p, "%s/data.mdb", tmp);
+    if (rc) err = lmdb_err(rc, "snapshot copy");
+    else if (fsync_path(p) || fsync_path(tmp))
+        err = kvz_error_set(errno == ENOSPC ? KVZ_ERR_FULL : KVZ_ERR_IO, "kvz_store: fsync %s: %s", p,
+                            strerror(errno));
+    else err = check_copy(tmp);
+    /* rename(2) replaces an empty folder atomically; a non-empty one fails (ENOTEMPTY) */
+    if (!err && rename(tmp, d))
+        err = kvz_error_set(errno == ENOTEMPTY || errno == EEXIST ? KVZ_ERR_ARG : KVZ_ERR_IO,
+                            "kvz_store: moving the snapshot to %s: %s", d, strerror(errno));
+    if (err) { rm_store_dir(tmp); return err; }
+    fsync_path(real_parent);
+    return 0;
 }
 
 /* ========================================================================= */

@@ -455,6 +455,35 @@ typedef int (*kvz_store_lost_fn)(void *user, const char *doc_id, int err, const 
 int kvz_store_salvage(kvz_store *src, const char *dst_dir, kvz_store_lost_fn cb, void *user,
                       kvz_store_salvage_result *res);
 
+/* ------------------------------------------------------------------------- */
+/* Scale-out: user metadata and snapshots (docs/SCALE.md)                       */
+
+/**
+ * Set metadata @p key (1..64 bytes, not one of the store's own keys
+ * format_version, created_by, model_fp, retired) to @p len bytes (<= 4096), in
+ * one write transaction; no commit when the value is already that.
+ * @return 0; KVZ_ERR_ARG (reserved or bad key, READONLY); KVZ_ERR_FULL; KVZ_ERR_BUSY; KVZ_ERR_LMDB.
+ */
+int kvz_store_meta_set(kvz_store *s, const char *key, const void *val, size_t len);
+
+/**
+ * Read metadata @p key into @p buf (at most @p cap bytes copied); *len = its full size.
+ * @return 0; KVZ_ERR_NOTFOUND; KVZ_ERR_ARG; KVZ_ERR_LMDB.
+ */
+int kvz_store_meta_get(kvz_store *s, const char *key, void *buf, size_t cap, size_t *len);
+
+/**
+ * Write a consistent, compacted copy of the store into folder @p dir
+ * (mdb_env_copy2 with MDB_CP_COMPACT inside one read transaction: the last
+ * snapshot committed when the copy began; writers of any process go on
+ * meanwhile). The copy is made in a hidden sibling folder, fsync'd, checked to
+ * open as a kvzip store, and renamed to @p dir, so @p dir never holds a partial
+ * copy. @p dir must not exist or be an empty folder.
+ * @return 0; KVZ_ERR_ARG (dir non-empty, not a folder, the store itself);
+ *         KVZ_ERR_IO; KVZ_ERR_FULL (disk full); KVZ_ERR_LMDB.
+ */
+int kvz_store_snapshot(kvz_store *s, const char *dir);
+
 #ifdef __cplusplus
 }
 #endif

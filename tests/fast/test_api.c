@@ -215,6 +215,36 @@ int main(void)
            j2.answer ? j2.answer : "", solo.answer ? solo.answer : "");
     free(j1.answer); free(j2.answer); free(solo.answer);
 
+    /* ---- the model's document cache: a second session reuses the load, two open
+     *      sessions on one document have their own caches, a re-ingested id is reloaded ---- */
+    {
+        static const char DOC2[] = "A shorter note. The gate code is 4417.";
+        REQUIRE(kvzip_ingest(m, s, "fresh.txt", DOC, strlen(DOC), NULL, &r) == 0);
+        kvzip_session *c1, *c2;
+        char *a1 = NULL, *a2 = NULL, *a3 = NULL;
+        REQUIRE(kvzip_session_open(m, s, "fresh.txt", &so, &c1) == 0);
+        REQUIRE(kvzip_ask(c1, Q, NULL, NULL, &a1, NULL) == 0);
+        kvzip_session_close(c1);
+        REQUIRE(kvzip_session_open(m, s, "fresh.txt", &so, &c1) == 0);   /* from the cache */
+        REQUIRE(kvzip_session_open(m, s, "fresh.txt", &so, &c2) == 0);   /* its own copy */
+        REQUIRE(kvzip_ask(c1, Q, NULL, NULL, &a2, NULL) == 0);
+        REQUIRE(kvzip_ask(c2, Q, NULL, NULL, &a3, NULL) == 0);
+        CHECKF(!strcmp(a1, a2) && !strcmp(a1, a3), "reused '%s' / copy '%s' vs first '%s'", a2, a3, a1);
+        kvzip_session_close(c1);
+        kvzip_session_close(c2);
+        kvzip_free(a1); kvzip_free(a2); kvzip_free(a3);
+        kvzip_session_info i1, i2;
+        REQUIRE(kvzip_session_open(m, s, "fresh.txt", &so, &c1) == 0);
+        REQUIRE(kvzip_session_info_get(c1, &i1) == 0);
+        kvzip_session_close(c1);
+        REQUIRE(kvzip_ingest(m, s, "fresh.txt", DOC2, strlen(DOC2), NULL, &r) == 0);
+        REQUIRE(kvzip_session_open(m, s, "fresh.txt", &so, &c1) == 0);   /* new content: loaded */
+        REQUIRE(kvzip_session_info_get(c1, &i2) == 0);
+        CHECKF(i1.doc_tokens - i2.doc_tokens == (int32_t)(strlen(DOC) - strlen(DOC2)),
+               "doc tokens %d then %d after re-ingest", i1.doc_tokens, i2.doc_tokens);
+        kvzip_session_close(c1);
+    }
+
     /* ---- lifetimes: store and model closed while a session is open ---- */
     CHECK(kvzip_store_close(s) == 0);
     CHECK(kvzip_store_has_doc(s, "quill.txt") == KVZIP_ERR_CLOSED);   /* kept alive by ss */

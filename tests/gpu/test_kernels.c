@@ -9,6 +9,8 @@
 
 #include "kvz_cuda.h"
 #include "kvz_error.h"
+#include "kvz_kvdtype.h"
+#include "kvz_quant.h"
 
 #define TOL_BF 1e-2
 #define TOL_F32 1e-5
@@ -897,6 +899,212 @@ static void test_outbuf_write(void)
     ob_free(&ob);
 }
 
+/* ------------------------------------------------------------------ load path */
+/* host f16 bits -> fp32 and back: the runtime's conversions (kvz_quant.c) */
+static float t_h2f(const uint8_t *p) { return kvz_fp16_to_fp32((uint16_t)(p[0] | p[1] << 8)); }
+
+/* one stored row of random content in @p dtype (q8/q4 scales random f16) */
+static void make_row(int dtype, int hd, uint8_t *row)
+{
+    const int ng = hd / 32;
+    switch (dtype) {
+    case KVZ_KV_F32:
+        for (int e = 0; e < hd; e++) { float f = rng_sym() * 3.f; memcpy(row + 4 * e, &f, 4); }
+        break;
+    case KVZ_KV_F16:
+    case KVZ_KV_BF16:
+        for (int e = 0; e < hd; e++) {
+            uint16_t b = dtype == KVZ_KV_F16 ? kvz_fp32_to_fp16(rng_sym() * 8.f) : h_f2bf(rng_sym() * 8.f);
+            row[2 * e] = (uint8_t)b; row[2 * e + 1] = (uint8_t)(b >> 8);
+        }
+        break;
+    case KVZ_KV_Q8:
+        for (int g = 0; g < ng; g++) {
+            uint16_t d = kvz_fp32_to_fp16((float)rng_uni() * 0.05f);
+            row[2 * g] = (uint8_t)d; row[2 * g + 1] = (uint8_t)(d >> 8);
+        }
+        for (int e = 0; e < hd; e++) row[2 * ng + e] = (uint8_t)(int8_t)(rng_int(255) - 127);
+        break;
+    default:
+        for (int g = 0; g < ng; g++) {
+            uint16_t d = kvz_fp32_to_fp16((float)rng_uni() * 0.2f), m = kvz_fp32_to_fp16(rng_sym());
+            row[4 * g] = (uint8_t)d; row[4 * g + 1] = (uint8_t)(d >> 8);
+            row[4 * g + 2] = (uint8_t)m; row[4 * g + 3] = (uint8_t)(m >> 8);
+        }
+        for (int e = 0; e < hd / 2; e++) row[4 * ng + e] = (uint8_t)rng_int(256);
+    }
+}
+
+/* the value of element e of a stored row, per common/kvz_kvdtype.h, in fp32 */
+static float row_value(int dtype, int hd, const uint8_t *row, int e)
+{
+    const int ng = hd / 32, g = e / 32;
+    switch (dtype) {
+    case KVZ_KV_F32: { float f; memcpy(&f, row + 4 * e, 4); return f; }
+    case KVZ_KV_F16: return t_h2f(row + 2 * e);
+    case KVZ_KV_BF16: return h_bf2f((uint16_t)(row[2 * e] | row[2 * e + 1] << 8));
+    case KVZ_KV_Q8: return t_h2f(row + 2 * g) * (float)(int8_t)row[2 * ng + e];
+    default: {
+        const uint8_t q = row[4 * ng + e / 2];
+        return fmaf(t_h2f(row + 4 * g), (float)(e & 1 ? q >> 4 : q & 15), t_h2f(row + 4 * g + 2));
+    }
+    }
+}
+
+/* kvz_cuda_kv_load: every stored type into a poisoned cache, bit-exact against the
+ * host's fp32 value rounded to bf16; rows past the counts untouched; len set */
+static void test_kv_load(int dtype, int hd, int n_kv)
+{
+    const int cap = 300;
+    const size_t rb = kvz_kv_row_bytes(dtype, (size_t)hd);
+    int32_t rows[16];
+    int total = 0;
+    for (int h = 0; h < n_kv; h++) {
+        rows[h] = h == 1 ? 0 : h == 2 ? cap : 1 + rng_int(cap);
+        total += rows[h];
+    }
+    uint8_t *ks = malloc((size_t)total * rb + 16), *vs = malloc((size_t)total * rb + 16);
+    uint32_t *ps = malloc((size_t)total * 4 + 4);
+    for (int r = 0; r < total; r++) {
+        make_row(dtype, hd, ks + (size_t)r * rb);
+        make_row(dtype, hd, vs + (size_t)r * rb);
+        ps[r] = (uint32_t)rng_int(1 << 20);
+    }
+    kvz_cuda_kv kv = {dalloc((size_t)n_kv * cap * hd * 2), dalloc((size_t)n_kv * cap * hd * 2),
+                      dalloc((size_t)n_kv * cap * 4), dalloc((size_t)n_kv * 4), n_kv, cap, hd};
+    void *dk = dup_to_dev(ks, (size_t)total * rb + 16), *dv = dup_to_dev(vs, (size_t)total * rb + 16);
+    void *dp = dup_to_dev(ps, (size_t)total * 4 + 4);
+    API(kvz_cuda_kv_load(g_s, &kv, dtype, rows, 0, dk, dv, dp));
+    uint16_t *ok = malloc((size_t)n_kv * cap * hd * 2), *ov = malloc((size_t)n_kv * cap * hd * 2);
+    int32_t *op = malloc((size_t)n_kv * cap * 4), ol[16];
+    to_host(ok, kv.k, (size_t)n_kv * cap * hd * 2);
+    to_host(ov, kv.v, (size_t)n_kv * cap * hd * 2);
+    to_host(op, kv.pos, (size_t)n_kv * cap * 4);
+    to_host(ol, kv.len, (size_t)n_kv * 4);
+    long bad = 0, poisoned = 0, badpos = 0, badlen = 0;
+    int src = 0;
+    for (int h = 0; h < n_kv; h++) {
+        badlen += ol[h] != rows[h];
+        for (int r = 0; r < cap; r++) {
+            const size_t o = ((size_t)h * cap + r) * hd;
+            if (r >= rows[h]) {
+                for (int e = 0; e < hd; e++) poisoned += ok[o + e] != 0xffff || ov[o + e] != 0xffff;
+                continue;
+            }
+            for (int e = 0; e < hd; e++) {
+                bad += ok[o + e] != h_f2bf(row_value(dtype, hd, ks + (size_t)src * rb, e));
+                bad += ov[o + e] != h_f2bf(row_value(dtype, hd, vs + (size_t)src * rb, e));
+            }
+            badpos += op[(size_t)h * cap + r] != (int32_t)ps[src];
+            src++;
+        }
+    }
+    char name[96];
+    snprintf(name, sizeof name, "kv_load %s hd %d n_kv %d (%d rows)", kvz_kv_dtype_name(dtype), hd, n_kv, total);
+    printf("  %-44s %ld value, %ld pos, %ld len mismatches, %ld rows past the counts touched\n", name, bad, badpos,
+           badlen, poisoned);
+    CHECKF(bad == 0 && badpos == 0 && badlen == 0 && poisoned == 0, "%s: wrong output", name);
+    free(ks); free(vs); free(ps); free(ok); free(ov); free(op);
+    cudaFree(kv.k); cudaFree(kv.v); cudaFree(kv.pos); cudaFree(kv.len); cudaFree(dk); cudaFree(dv); cudaFree(dp);
+}
+
+/* host quantizer, straight from common/kvz_kvdtype.h: the bytes kvz_cuda_kv_export_q
+ * must produce */
+static void ref_quant_row(int dtype, int hd, const float *x, uint8_t *row)
+{
+    const int ng = hd / 32;
+    for (int g = 0; g < ng; g++) {
+        const float *xg = x + 32 * g;
+        if (dtype == KVZ_KV_Q8) {
+            float mx = 0;
+            for (int e = 0; e < 32; e++) mx = fabsf(xg[e]) > mx ? fabsf(xg[e]) : mx;
+            const uint16_t dh = kvz_fp32_to_fp16(mx / 127.f);
+            const float d = kvz_fp16_to_fp32(dh);
+            row[2 * g] = (uint8_t)dh; row[2 * g + 1] = (uint8_t)(dh >> 8);
+            for (int e = 0; e < 32; e++) {
+                float q = d > 0 ? roundf(xg[e] / d) : 0;
+                q = q < -127 ? -127 : q > 127 ? 127 : q;
+                row[2 * ng + 32 * g + e] = (uint8_t)(int8_t)q;
+            }
+        } else {
+            float lo = xg[0], hi = xg[0];
+            for (int e = 1; e < 32; e++) { lo = xg[e] < lo ? xg[e] : lo; hi = xg[e] > hi ? xg[e] : hi; }
+            const uint16_t dh = kvz_fp32_to_fp16((hi - lo) / 15.f), mh = kvz_fp32_to_fp16(lo);
+            const float d = kvz_fp16_to_fp32(dh), m = kvz_fp16_to_fp32(mh);
+            row[4 * g] = (uint8_t)dh; row[4 * g + 1] = (uint8_t)(dh >> 8);
+            row[4 * g + 2] = (uint8_t)mh; row[4 * g + 3] = (uint8_t)(mh >> 8);
+            for (int e = 0; e < 32; e++) {
+                float q = d > 0 ? roundf((xg[e] - m) / d) : 0;
+                q = q < 0 ? 0 : q > 15 ? 15 : q;
+                uint8_t *b = row + 4 * ng + 16 * g + e / 2;
+                if (e & 1) *b = (uint8_t)(*b | (uint8_t)q << 4);
+                else *b = (uint8_t)q;
+            }
+        }
+    }
+}
+
+/* kvz_cuda_kv_export_q: bytes equal to the host quantizer; then the load kernel brings
+ * them back within the quantization error (q8 <= 1/254 of the group max per value) */
+static void test_export_q(int dtype, int hd, int n_kv)
+{
+    const int cap = 200;
+    const size_t rb = kvz_kv_row_bytes(dtype, (size_t)hd), n = (size_t)n_kv * cap * hd;
+    int32_t rows[16];
+    int total = 0;
+    for (int h = 0; h < n_kv; h++) { rows[h] = h == 0 ? 0 : 1 + rng_int(cap); total += rows[h]; }
+    float *kf = malloc(n * 4), *vf = malloc(n * 4);
+    uint16_t *kb = malloc(n * 2), *vb = malloc(n * 2);
+    fill_bf(kf, kb, n, 2.f);
+    fill_bf(vf, vb, n, 0.5f);
+    for (int e = 0; e < 32; e++) { kf[(size_t)cap * hd + 32 + e] = 0.f; kb[(size_t)cap * hd + 32 + e] = 0; } /* a zero group */
+    int32_t *pos = malloc((size_t)n_kv * cap * 4);
+    for (int i = 0; i < n_kv * cap; i++) pos[i] = i * 3;
+    kvz_cuda_kv kv = {dup_to_dev(kb, n * 2), dup_to_dev(vb, n * 2), dup_to_dev(pos, (size_t)n_kv * cap * 4),
+                      dalloc((size_t)n_kv * 4), n_kv, cap, hd};
+    void *dk = dalloc((size_t)total * rb + 16), *dv = dalloc((size_t)total * rb + 16), *dp = dalloc((size_t)total * 4 + 4);
+    API(kvz_cuda_kv_export_q(g_s, &kv, dtype, rows, dk, dv, dp));
+    uint8_t *gk = malloc((size_t)total * rb + 16), *gv = malloc((size_t)total * rb + 16), *ref = malloc(rb);
+    uint32_t *gp = malloc((size_t)total * 4 + 4);
+    to_host(gk, dk, (size_t)total * rb);
+    to_host(gv, dv, (size_t)total * rb);
+    to_host(gp, dp, (size_t)total * 4);
+    long bad = 0, badpos = 0;
+    double num = 0, den = 0;
+    int r = 0;
+    for (int h = 0; h < n_kv; h++)
+        for (int j = 0; j < rows[h]; j++, r++) {
+            for (int w = 0; w < 2; w++) {
+                const float *x = (w ? vf : kf) + ((size_t)h * cap + j) * hd;
+                const uint8_t *got = (w ? gv : gk) + (size_t)r * rb;
+                ref_quant_row(dtype, hd, x, ref);
+                if (memcmp(ref, got, rb) != 0 && bad++ == 0) {
+                    printf("  first difference: head %d row %d %s: x[0..3] %g %g %g %g\n    gpu:", h, j, w ? "V" : "K",
+                           x[0], x[1], x[2], x[3]);
+                    for (int e = 0; e < 12; e++) printf(" %02x", got[e]);
+                    printf("\n    ref:");
+                    for (int e = 0; e < 12; e++) printf(" %02x", ref[e]);
+                    printf("\n");
+                }
+                for (int e = 0; e < hd; e++) {
+                    const double d = (double)row_value(dtype, hd, got, e) - x[e];
+                    num += d * d;
+                    den += (double)x[e] * x[e];
+                }
+            }
+            badpos += gp[r] != (uint32_t)pos[(size_t)h * cap + j];
+        }
+    char name[96];
+    snprintf(name, sizeof name, "kv_export_q %s hd %d n_kv %d (%d rows)", kvz_kv_dtype_name(dtype), hd, n_kv, total);
+    const double rel = sqrt(num / den);
+    printf("  %-44s %ld rows differ from the host quantizer, %ld pos; round trip rel err %.2e\n", name, bad,
+           badpos, rel);
+    CHECKF(bad == 0 && badpos == 0, "%s: wrong bytes", name);
+    CHECKF(rel < (dtype == KVZ_KV_Q8 ? 1e-2 : 8e-2), "%s: round trip error %.3e", name, rel);
+    free(kf); free(vf); free(kb); free(vb); free(pos); free(gk); free(gv); free(gp); free(ref);
+    cudaFree(kv.k); cudaFree(kv.v); cudaFree(kv.pos); cudaFree(kv.len); cudaFree(dk); cudaFree(dv); cudaFree(dp);
+}
+
 static void test_errors(void)
 {
     kvz_cuda_kv kv = {(void *)16, (void *)16, (int32_t *)16, (int32_t *)16, 2, 10, 96};
@@ -969,6 +1177,14 @@ int main(void)
     test_topk(7, 2, 333, 1, 0.77);
     test_compact(64);
     test_compact(128);
+    for (int dt = KVZ_KV_F32; dt <= KVZ_KV_Q4; dt++) {
+        test_kv_load(dt, 64, 3);
+        test_kv_load(dt, 128, 8);
+    }
+    test_export_q(KVZ_KV_Q8, 128, 8);
+    test_export_q(KVZ_KV_Q4, 128, 8);
+    test_export_q(KVZ_KV_Q8, 64, 3);
+    test_export_q(KVZ_KV_Q4, 64, 3);
     test_errors();
 
     kvz_cuda_blas_destroy(bl);

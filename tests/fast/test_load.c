@@ -1,0 +1,346 @@
+/* The pipelined loader (ingest/kvz_load.h) and the document cache against independent
+ * truth, on a real LMDB store holding hand-made blobs (synthetic tiny-llama shape):
+ *   - every stored type (f32, f16, bf16, q8, q4): the loaded cache holds exactly the
+ *     rows kvz_kvrow_decode gives (CPU), with 1 and 3 decode threads, and equals
+ *     what the old one-thread loader (kvz_doc_load) gives;
+ *   - a document stored with a SHARED system prefix (blob v2: the prefix in a blob of
+ *     its own) loads to the same cache as the same document stored with the prefix
+ *     kept (KEEP);
+ *   - errors: unknown id, a SHARED document whose prefix blob is missing (one line,
+ *     KVZ_ERR_FORMAT naming the document);
+ *   - the document cache: a second get is a hit and hands back the same rows; a
+ *     re-ingested id (new content hash) is not served from the cache; budget 0 keeps
+ *     nothing.
+ * On a CUDA build with a usable GPU the same documents are also loaded with
+ * --device cuda and compared with the CPU cache rounded to bf16 (bit for bit). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvz_test.h"
+
+#include "kvz_blob.h"
+#include "kvz_doc_cache.h"
+#include "kvz_error.h"
+#include "kvz_ingest.h"
+#include "kvz_kvrow.h"
+#include "kvz_load.h"
+#include "kvz_model.h"
+#include "kvz_quant.h"
+#include "kvz_store.h"
+
+#define NP 5   /* system-prefix tokens */
+#define NC 60  /* context tokens */
+
+static uint64_t g_rng = 0x243f6a8885a308d3ull;
+static double rnd(void)
+{
+    g_rng ^= g_rng << 13; g_rng ^= g_rng >> 7; g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) / 9007199254740992.0;
+}
+
+typedef struct doc {
+    uint32_t *counts;  /* (L, H) incl. prefix */
+    uint32_t **pos;    /* per layer, flat head-major */
+    uint8_t **k, **v;  /* per layer, stored rows */
+} doc;
+
+/* a random document: per head NP prefix rows (positions 0..NP-1) + a random subset of
+ * the context, rows random in [-2, 2) encoded to dtype */
+static void make_doc(doc *d, int L, int H, int hd, int dtype)
+{
+    const size_t rb = kvz_kv_row_bytes(dtype, (size_t)hd);
+    d->counts = calloc((size_t)L * H, sizeof *d->counts);
+    d->pos = calloc((size_t)L, sizeof *d->pos);
+    d->k = calloc((size_t)L, sizeof *d->k);
+    d->v = calloc((size_t)L, sizeof *d->v);
+    float *x = malloc(sizeof(float) * (size_t)hd);
+    for (int l = 0; l < L; l++) {
+        d->pos[l] = malloc(sizeof(uint32_t) * (size_t)H * (NP + NC));
+        d->k[l] = malloc(rb * (size_t)H * (NP + NC));
+        d->v[l] = malloc(rb * (size_t)H * (NP + NC));
+        size_t row = 0;
+        for (int h = 0; h < H; h++) {
+            uint32_t c = 0;
+            for (int p = 0; p < NP + NC; p++) {
+                if (p >= NP && rnd() > 0.4) continue;
+                d->pos[l][row] = (uint32_t)p;
+                for (int w = 0; w < 2; w++) {
+                    for (int e = 0; e < hd; e++) x[e] = (float)(4 * rnd() - 2);
+                    kvz_kvrow_encode(dtype, x, 1, (size_t)hd, (w ? d->v[l] : d->k[l]) + row * rb);
+                }
+                row++;
+                c++;
+            }
+            d->counts[l * H + h] = c;
+        }
+    }
+    free(x);
+}
+
+static void free_doc(doc *d, int L)
+{
+    for (int l = 0; l < L; l++) { free(d->pos[l]); free(d->k[l]); free(d->v[l]); }
+    free(d->pos); free(d->k); free(d->v); free(d->counts);
+}
+
+static void meta_of(const kvz_model *m, int dtype, uint8_t policy, uint32_t np, uint32_t nc, uint32_t *counts,
+                    kvz_blob_meta *bm)
+{
+    const kvz_config *c = kvz_model_config(m);
+    memset(bm, 0, sizeof *bm);
+    kvz_model_fingerprint(m, bm->fingerprint);
+    bm->n_layer = (uint32_t)c->n_layer;
+    bm->n_head = (uint32_t)c->n_head;
+    bm->n_kv_head = (uint32_t)c->n_kv_head;
+    bm->head_dim = (uint32_t)c->head_dim;
+    bm->dtype = (uint8_t)dtype;
+    bm->mode = KVZ_MODE_GLOBAL;
+    bm->prefix_policy = policy;
+    bm->ratio = 0.5f;
+    bm->chunk = 2000;
+    bm->overlap = 8;
+    bm->n_prefix = np;
+    bm->n_context = nc;
+    bm->counts = counts;
+}
+
+/* encode the records of one blob: layer l's rows are those of d's heads, all (sel 0),
+ * the prefix rows only (sel 1) or the context rows only (sel 2); caller frees */
+static int enc_blob(kvz_blob_meta *bm, const doc *d, int sel, uint8_t **mrec, size_t *mlen, kvz_store_rec **out)
+{
+    const int L = (int)bm->n_layer, H = (int)bm->n_kv_head, hd = (int)bm->head_dim;
+    const size_t rb = kvz_kv_row_bytes(bm->dtype, (size_t)hd);
+    uint32_t *cnt = calloc((size_t)L * H, sizeof *cnt);
+    for (int i = 0; i < L * H; i++) cnt[i] = sel == 0 ? d->counts[i] : sel == 1 ? NP : d->counts[i] - NP;
+    bm->counts = cnt;
+    int rc = kvz_blob_encode_meta(bm, 0, mrec, mlen);
+    kvz_store_rec *recs = calloc((size_t)L, sizeof *recs);
+    uint32_t *pos = malloc(sizeof(uint32_t) * (size_t)H * (NP + NC));
+    uint8_t *k = malloc(rb * (size_t)H * (NP + NC)), *v = malloc(rb * (size_t)H * (NP + NC));
+    for (int l = 0; l < L && !rc; l++) {
+        size_t src = 0, dst = 0;
+        for (int h = 0; h < H; h++)
+            for (uint32_t r = 0; r < d->counts[l * H + h]; r++, src++) {
+                const int pre = r < NP;
+                if ((sel == 1 && !pre) || (sel == 2 && pre)) continue;
+                pos[dst] = d->pos[l][src];
+                memcpy(k + dst * rb, d->k[l] + src * rb, rb);
+                memcpy(v + dst * rb, d->v[l] + src * rb, rb);
+                dst++;
+            }
+        uint8_t *rec;
+        size_t len;
+        rc = kvz_blob_encode_layer(bm, (uint32_t)l, pos, k, v, 0, &rec, &len);
+        recs[l].data = rec;
+        recs[l].len = len;
+    }
+    free(pos); free(k); free(v); free(cnt);
+    bm->counts = NULL;
+    *out = recs;
+    return rc;
+}
+
+static void free_recs(kvz_store_rec *r, uint8_t *m, int L)
+{
+    for (int l = 0; l < L; l++) free((void *)r[l].data);
+    free(r);
+    free(m);
+}
+
+/* one blob under @p id: KEEP (sel 0) with kvz_store_put_doc, or SHARED (sel 2) with its
+ * prefix blob @p pm (sel 1) through kvz_store_put_doc_shared */
+static int put_blob(kvz_store *st, const char *id, const uint8_t hash[16], kvz_blob_meta *bm, const doc *d, int sel,
+                    kvz_blob_meta *pm, const uint8_t phash[16])
+{
+    const int L = (int)bm->n_layer;
+    kvz_store_doc_info info;
+    memset(&info, 0, sizeof info);
+    info.n_tokens = bm->n_prefix + bm->n_context;
+    info.ratio = bm->ratio;
+    uint8_t *m = NULL, *pmr = NULL;
+    size_t ml = 0, pml = 0;
+    kvz_store_rec *recs = NULL, *precs = NULL;
+    int rc = enc_blob(bm, d, sel, &m, &ml, &recs);
+    if (!rc && pm) rc = enc_blob(pm, d, 1, &pmr, &pml, &precs);
+    kvz_store_rec mr = {m, ml}, pr = {pmr, pml};
+    if (!rc && !pm) rc = kvz_store_put_doc(st, id, hash, &info, &mr, recs, (uint32_t)L, NULL);
+    if (!rc && pm) rc = kvz_store_put_doc_shared(st, id, hash, &info, &mr, recs, (uint32_t)L, phash, &pr, precs, NULL, NULL);
+    free_recs(recs, m, L);
+    if (precs) free_recs(precs, pmr, L);
+    return rc;
+}
+
+/* the cache holds exactly d's rows (decoded on the CPU; bf16-rounded when bf != 0) */
+static long diff_cache(const kvz_kv *kv, const doc *d, int L, int H, int hd, int dtype, int bf)
+{
+    const size_t rb = kvz_kv_row_bytes(dtype, (size_t)hd);
+    float *want = malloc(sizeof(float) * (size_t)hd), *gk = malloc(sizeof(float) * (size_t)(NP + NC) * hd);
+    float *gv = malloc(sizeof(float) * (size_t)(NP + NC) * hd);
+    int32_t *gp = malloc(sizeof(int32_t) * (NP + NC));
+    long bad = 0;
+    for (int l = 0; l < L; l++) {
+        size_t src = 0;
+        for (int h = 0; h < H; h++) {
+            const uint32_t c = d->counts[l * H + h];
+            if (kvz_kv_len(kv, l, h) != (int64_t)c) { bad++; src += c; continue; }
+            if (kvz_kv_get_head(kv, l, h, gk, gv, gp)) { bad++; src += c; continue; }
+            for (uint32_t r = 0; r < c; r++, src++) {
+                bad += gp[r] != (int32_t)d->pos[l][src];
+                for (int w = 0; w < 2; w++) {
+                    kvz_kvrow_decode(dtype, (w ? d->v[l] : d->k[l]) + src * rb, 1, (size_t)hd, want);
+                    const float *got = (w ? gv : gk) + (size_t)r * hd;
+                    for (int e = 0; e < hd; e++) {
+                        const float x = bf ? kvz_bf16_to_fp32(kvz_fp32_to_bf16(want[e])) : want[e];
+                        bad += memcmp(&x, &got[e], 4) != 0;
+                    }
+                }
+            }
+        }
+    }
+    free(want); free(gk); free(gv); free(gp);
+    return bad;
+}
+
+static int run(int device)
+{
+    kvz_model_opts mo = {.device = device, .n_threads = 2};
+    kvz_model *m;
+    if (kvz_model_synthetic("tiny-llama", &mo, &m)) {
+        CHECKF(device != KVZ_DEVICE_CPU, "tiny-llama on the CPU: %s", kvz_error_detail());
+        return 0;
+    }
+    const char *dev = device == KVZ_DEVICE_CPU ? "cpu" : "cuda";
+    const kvz_config *c = kvz_model_config(m);
+    const int L = c->n_layer, H = c->n_kv_head, hd = c->head_dim;
+    char dir[] = "/tmp/kvz_test_load_XXXXXX";
+    REQUIRE(mkdtemp(dir));
+    uint8_t fp[16];
+    kvz_model_fingerprint(m, fp);
+    kvz_store *st;
+    REQUIRE(kvz_store_open(dir, KVZ_STORE_CREATE, 0, fp, &st) == 0);
+    for (int dt = KVZ_KV_F32; dt <= KVZ_KV_Q4; dt++) {
+        doc d;
+        make_doc(&d, L, H, hd, dt);
+        uint8_t hk[16] = {1, (uint8_t)dt, (uint8_t)device}, hp[16] = {2, (uint8_t)dt, (uint8_t)device},
+                hs[16] = {3, (uint8_t)dt, (uint8_t)device};
+        char idk[32], idp[32], ids[32];
+        snprintf(idk, sizeof idk, "keep-%d", dt);
+        snprintf(idp, sizeof idp, "prefix-%d", dt);
+        snprintf(ids, sizeof ids, "shared-%d", dt);
+        (void)idp;
+        kvz_blob_meta bm, pm;
+        meta_of(m, dt, KVZ_PREFIX_KEEP, NP, NC, NULL, &bm);
+        CHECKF(put_blob(st, idk, hk, &bm, &d, 0, NULL, NULL) == 0, "%s put keep-%d: %s", dev, dt, kvz_error_detail());
+        meta_of(m, dt, KVZ_PREFIX_KEEP, NP, 0, NULL, &pm); /* the prefix blob: n_context 0, KEEP */
+        meta_of(m, dt, KVZ_PREFIX_SHARED, NP, NC, NULL, &bm);
+        memcpy(bm.prefix_ref, hp, 16);
+        CHECKF(put_blob(st, ids, hs, &bm, &d, 2, &pm, hp) == 0, "%s put shared-%d: %s", dev, dt, kvz_error_detail());
+        const int bf = device != KVZ_DEVICE_CPU;
+        for (int t = 1; t <= 3; t += 2) {
+            kvz_load_opts lo = {.threads = t};
+            const char *ids2[2] = {idk, ids};
+            for (int w = 0; w < 2; w++) {
+                kvz_kv *kv;
+                kvz_doc_meta dm;
+                int rc = kvz_load_doc(m, st, ids2[w], 16, 0, &lo, &kv, &dm);
+                CHECKF(rc == 0, "%s load %s: %s", dev, ids2[w], kvz_error_detail());
+                if (rc) continue;
+                long bad = diff_cache(kv, &d, L, H, hd, dt, bf);
+                printf("  %s %-9s %d thread(s): %ld mismatches, %llu rows, n_prefix %d\n", dev, ids2[w], t, bad,
+                       (unsigned long long)dm.rows, dm.n_prefix);
+                CHECKF(bad == 0 && dm.n_prefix == NP && dm.n_ctx == NC, "%s %s: %ld mismatches", dev, ids2[w], bad);
+                kvz_kv_free(kv);
+            }
+        }
+        if (dt <= KVZ_KV_BF16 || device == KVZ_DEVICE_CPU) { /* the old loader agrees (v1-era types; CPU q8/q4 too) */
+            kvz_kv *kv;
+            kvz_doc_meta dm;
+            int rc = kvz_doc_load(m, st, idk, 16, 0, &kv, &dm);
+            CHECKF(rc == 0, "%s kvz_doc_load %s: %s", dev, idk, kvz_error_detail());
+            if (!rc) {
+                CHECKF(diff_cache(kv, &d, L, H, hd, dt, bf) == 0, "%s kvz_doc_load differs", dev);
+                kvz_kv_free(kv);
+            }
+        }
+        free_doc(&d, L);
+    }
+    /* errors: unknown id; a shared prefix that is gone */
+    kvz_kv *kv = NULL;
+    kvz_doc_meta dm;
+    CHECK(kvz_load_doc(m, st, "nope", 0, 0, NULL, &kv, &dm) == KVZ_ERR_NOTFOUND && kv == NULL);
+    CHECK(strstr(kvz_error_detail(), "no document 'nope'") != NULL);
+    { /* a SHARED blob naming a prefix the store lacks is refused (so no load ever meets one) */
+        doc d;
+        make_doc(&d, L, H, hd, KVZ_KV_F16);
+        kvz_blob_meta bm;
+        meta_of(m, KVZ_KV_F16, KVZ_PREFIX_SHARED, NP, NC, NULL, &bm);
+        const uint8_t hx[16] = {9, 9, 9}, hq[16] = {8, 8, 8};
+        memcpy(bm.prefix_ref, hq, 16);
+        uint8_t *mr = NULL;
+        size_t ml = 0;
+        kvz_store_rec *recs = NULL;
+        int rc = enc_blob(&bm, &d, 2, &mr, &ml, &recs);
+        kvz_store_doc_info info;
+        memset(&info, 0, sizeof info);
+        kvz_store_rec mrec = {mr, ml};
+        if (!rc) rc = kvz_store_put_doc_shared(st, "orphan", hx, &info, &mrec, recs, (uint32_t)L, hq, NULL, NULL, NULL, NULL);
+        printf("  %s SHARED blob without its prefix: %s (%s)\n", dev, kvz_strerror(rc), kvz_error_detail());
+        CHECK(rc == KVZ_ERR_NOTFOUND);
+        CHECK(kvz_load_doc(m, st, "orphan", 0, 0, NULL, &kv, &dm) == KVZ_ERR_NOTFOUND && kv == NULL);
+        free_recs(recs, mr, L);
+        free_doc(&d, L);
+    }
+
+    /* the document cache */
+    kvz_doc_cache *dc;
+    REQUIRE(kvz_doc_cache_create(m, (uint64_t)1 << 30, NULL, &dc) == 0);
+    int hit = -1;
+    kvz_kv *a = NULL, *b = NULL;
+    CHECK(kvz_doc_cache_get(dc, st, "keep-1", 8, 0, &a, &dm, &hit) == 0 && hit == 0);
+    CHECK(kvz_doc_cache_get(dc, st, "keep-1", 8, 0, &b, &dm, &hit) == 0 && hit == 0 && b != a); /* a is lent */
+    CHECK(kvz_doc_cache_put(dc, b) == 0);
+    CHECK(kvz_doc_cache_put(dc, a) == 0);
+    CHECK(kvz_doc_cache_put(dc, a) == KVZ_ERR_ARG); /* not lent any more */
+    kvz_kv *c1 = NULL;
+    CHECK(kvz_doc_cache_get(dc, st, "keep-1", 8, 0, &c1, &dm, &hit) == 0 && hit == 1);
+    CHECK(c1 == a || c1 == b);
+    CHECK(kvz_doc_cache_put(dc, c1) == 0);
+    kvz_doc_cache_stats cs;
+    kvz_doc_cache_get_stats(dc, &cs);
+    CHECKF(cs.hits == 1 && cs.misses == 2 && cs.entries == 2, "cache stats %llu hits %llu misses %u entries",
+           (unsigned long long)cs.hits, (unsigned long long)cs.misses, cs.entries);
+    /* the id now names other content: not served from the cache */
+    uint8_t h2[16];
+    kvz_store_doc_info info;
+    REQUIRE(kvz_store_lookup(st, "keep-2", &info) == 0);
+    memcpy(h2, info.hash, 16);
+    REQUIRE(kvz_store_put_doc(st, "keep-1", h2, &info, NULL, NULL, 0, NULL) == 0);
+    CHECK(kvz_doc_cache_get(dc, st, "keep-1", 8, 0, &c1, &dm, &hit) == 0 && hit == 0);
+    CHECK(memcmp(dm.info.hash, h2, 16) == 0);
+    CHECK(kvz_doc_cache_put(dc, c1) == 0);
+    kvz_doc_cache_free(dc);
+    REQUIRE(kvz_doc_cache_create(m, 0, NULL, &dc) == 0); /* budget 0: nothing kept */
+    CHECK(kvz_doc_cache_get(dc, st, "keep-3", 8, 0, &c1, &dm, &hit) == 0 && hit == 0);
+    CHECK(kvz_doc_cache_put(dc, c1) == 0);
+    kvz_doc_cache_get_stats(dc, &cs);
+    CHECK(cs.entries == 0 && cs.evictions == 1);
+    kvz_doc_cache_free(dc);
+
+    kvz_store_close(st);
+    kvz_model_free(m);
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+    return 0;
+}
+
+int main(void)
+{
+    run(KVZ_DEVICE_CPU);
+#ifdef KVZ_HAVE_CUDA
+    run(KVZ_DEVICE_CUDA); /* skipped (model creation fails) without a usable GPU */
+#endif
+    return kvz_test_summary();
+}
