@@ -531,9 +531,14 @@ static int cmd_salvage(kvz_store *s, const char *path, const char *dst)
                r.n_gaps ? ", and parts of the doc index could not be read (ids unknown)" : "");
     }
     if (r.n_lost || r.n_gaps) {
-        fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " document%s lost%s (the rest is in %s)\n",
-                E(path), r.n_lost, r.n_lost == 1 ? "" : "s",
-                r.n_gaps ? " and unreadable stretches of the doc index" : "", E(dst));
+        if (r.n_copied)
+            fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " document%s lost%s (the rest is in %s)\n",
+                    E(path), r.n_lost, r.n_lost == 1 ? "" : "s",
+                    r.n_gaps ? " and unreadable stretches of the doc index" : "", E(dst));
+        else /* e.g. the shared system prefix every document needs was damaged */
+            fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " document%s lost%s; nothing could be "
+                    "copied, so %s was not created\n", E(path), r.n_lost, r.n_lost == 1 ? "" : "s",
+                    r.n_gaps ? " and unreadable stretches of the doc index" : "", E(dst));
         return EXIT_STORE;
     }
     return EXIT_OK;
