@@ -169,8 +169,8 @@ static float qdot_ref(uint32_t t, const void *w, const void *q8, int64_t n)
     const q8v a = q8_view(q8, n);
     float sum = 0.0f;
     for (int64_t b = 0; b < n / 32; b++) {
-        int u[32];
-        float A[2], B[2];
+        int u[32] = {0}; /* ref_block fills them for every known type; newer gccs cannot see it */
+        float A[2] = {0}, B[2] = {0};
         ref_block(t, w, b, u, A, B);
         const float d = q8_d(&a, b);
         for (int h = 0; h < 2; h++) {
