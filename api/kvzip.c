@@ -13,10 +13,12 @@
 #include "kvz_compose.h"
 #include "kvz_doc_cache.h"
 #include "kvz_error.h"
+#include "kvz_kvdtype.h"
 #include "kvz_generate.h"
 #include "kvz_ingest.h"
 #include "kvz_load.h"
 #include "kvz_model.h"
+#include "kvz_parts.h"
 #include "kvz_store.h"
 
 /* The public codes are the internal ones (plus two of the API's own). */
@@ -35,6 +37,10 @@ _Static_assert((int)KVZIP_DEVICE_CPU == (int)KVZ_DEVICE_CPU && (int)KVZIP_DEVICE
                (int)KVZIP_DEVICE_AUTO == (int)KVZ_DEVICE_AUTO, "device numbers");
 _Static_assert((int)KVZIP_EVICT_GLOBAL == (int)KVZ_EVICT_GLOBAL && (int)KVZIP_EVICT_UNIFORM == (int)KVZ_EVICT_UNIFORM,
                "eviction modes");
+_Static_assert((int)KVZIP_KV_F32 == (int)KVZ_KV_F32 && (int)KVZIP_KV_F16 == (int)KVZ_KV_F16 &&
+                   (int)KVZIP_KV_BF16 == (int)KVZ_KV_BF16 && (int)KVZIP_KV_Q8 == (int)KVZ_KV_Q8 &&
+                   (int)KVZIP_KV_Q4 == (int)KVZ_KV_Q4,
+               "kvzip.h stored K/V types must equal the on-disk numbering (kvz_kvdtype.h)");
 
 #define QUESTION_SLACK 8    /* output slots kept free beyond the question (kvzip-query --budget) */
 #define PREFILL_STEP 4096   /* tokens per prefill pass of a text session */
@@ -411,45 +417,37 @@ void kvzip_ingest_defaults(kvzip_ingest_opts *o)
     kvz_ingest_defaults(&d);
     o->ratio = d.kp.ratio;
     o->mode = d.kp.mode;
-    o->kv_dtype = KVZIP_KV_F16;
+    o->kv_dtype = d.dtype; /* the pipeline's default (q8): the public numbering is the on-disk one */
 }
 
-/* The ID#N part policy, as kvzip-ingest applies it: near-equal parts of at most
- * max_part tokens, named ID#1.. when more than one, parts of an older longer
- * version removed afterwards. (The `rel-intake` work moves this policy into
- * ingest/ as a library function; swap this body for that call.) */
+/* The ID#N part policy is ingest/kvz_parts.c's (one home, shared with kvzip-ingest):
+ * an id held by another document is refused before any model work, and only this
+ * document's own leftover parts are pruned. */
+static int on_part(void *user, const kvz_part_report *rep)
+{
+    kvzip_ingest_result *res = user;
+    if (rep->rc) return 0; /* kvz_ingest_document stops the document and returns it */
+    const kvz_ingest_result *r = rep->res;
+    res->parts++;
+    if (r->status == KVZ_STORE_UNCHANGED || r->status == KVZ_STORE_INFO_UPDATED) res->unchanged++;
+    else if (r->status == KVZ_STORE_LINKED) res->linked++;
+    else res->written++;
+    res->pairs_total += r->pairs_total;
+    res->pairs_kept += r->pairs_kept;
+    res->bytes_full += r->bytes_full;
+    res->bytes_kept += r->bytes_kept;
+    res->bytes_stored += r->bytes_stored;
+    return 0;
+}
+
 static int ingest_parts(kvz_model *m, kvz_store *st, const char *doc_id, const char *source,
                         const kvz_tokens *tok, int32_t max_part, kvz_ingest_opts *o,
                         kvzip_ingest_result *res)
 {
-    const int32_t n = (int32_t)tok->n;
-    const int32_t parts = (n + max_part - 1) / max_part;
-    char id[KVZ_STORE_DOC_ID_MAX + 16];
-    for (int32_t p = 0; p < parts; p++) {
-        const int32_t s0 = (int32_t)((int64_t)n * p / parts), s1 = (int32_t)((int64_t)n * (p + 1) / parts);
-        if (parts > 1) snprintf(id, sizeof id, "%s#%d", doc_id, p + 1);
-        else snprintf(id, sizeof id, "%s", doc_id);
-        kvz_ingest_result r;
-        int rc = kvz_ingest_doc(m, st, id, source, tok->ids + s0, s1 - s0, o, &r);
-        if (rc) return rc;
-        res->parts++;
-        if (r.status == KVZ_STORE_UNCHANGED) res->unchanged++;
-        else if (r.status == KVZ_STORE_LINKED) res->linked++;
-        else res->written++;
-        res->pairs_total += r.pairs_total;
-        res->pairs_kept += r.pairs_kept;
-        res->bytes_full += r.bytes_full;
-        res->bytes_kept += r.bytes_kept;
-        res->bytes_stored += r.bytes_stored;
-    }
-    kvz_store_doc_info old;
-    if (parts > 1 && kvz_store_lookup(st, doc_id, &old) == 0) kvz_store_delete_doc(st, doc_id);
-    for (int32_t p = parts > 1 ? parts + 1 : 1;; p++) {
-        snprintf(id, sizeof id, "%s#%d", doc_id, p);
-        if (kvz_store_lookup(st, id, &old) != 0 || kvz_store_delete_doc(st, id) != 0) break;
-    }
-    kvz_error_clear();
-    return 0;
+    int rc = kvz_ingest_document(m, st, doc_id, source, tok->ids, (int32_t)tok->n, max_part, o,
+                                 on_part, res);
+    if (!rc) kvz_error_clear();
+    return rc;
 }
 
 int kvzip_ingest(kvzip_model *m, kvzip_store *s, const char *doc_id, const char *text, size_t len,
@@ -468,7 +466,7 @@ int kvzip_ingest(kvzip_model *m, kvzip_store *s, const char *doc_id, const char 
     if (idl == 0 || idl > KVZ_STORE_DOC_ID_MAX - 12) /* room for "#N" part suffixes */
         return kvz_error_set(KVZIP_ERR_ARG, "document id must be 1..%d bytes", KVZ_STORE_DOC_ID_MAX - 12);
     if (!(io.ratio > 0.0f && io.ratio <= 1.0f) || (io.mode != KVZIP_EVICT_GLOBAL && io.mode != KVZIP_EVICT_UNIFORM) ||
-        io.kv_dtype < KVZIP_KV_F16 || io.kv_dtype > KVZIP_KV_F32 || io.part_tokens < 0)
+        io.kv_dtype < KVZIP_KV_F32 || io.kv_dtype > KVZIP_KV_Q4 || io.part_tokens < 0)
         return kvz_error_set(KVZIP_ERR_ARG, "ingest options out of range (ratio %g, mode %d, dtype %d, "
                              "part_tokens %d)", io.ratio, io.mode, io.kv_dtype, io.part_tokens);
     if (io.part_tokens > 0 && io.part_tokens < 16)
@@ -484,8 +482,7 @@ int kvzip_ingest(kvzip_model *m, kvzip_store *s, const char *doc_id, const char 
     kvz_ingest_defaults(&o);
     o.kp.ratio = io.ratio;
     o.kp.mode = io.mode;
-    static const uint8_t dt[] = {KVZ_DTYPE_F16, KVZ_DTYPE_BF16, KVZ_DTYPE_F32};
-    o.dtype = dt[io.kv_dtype];
+    o.dtype = (uint8_t)io.kv_dtype; /* same numbering as kvz_kv_dtype */
     int32_t max_part = kvz_ingest_max_part_tokens(m->m);
     if (io.part_tokens > 0 && io.part_tokens < max_part) max_part = io.part_tokens;
 

@@ -259,12 +259,15 @@ int kvzip_store_doc(kvzip_store *s, const char *doc_id, kvzip_doc_entry *out);
 /* Ingest                                                                      */
 
 enum { KVZIP_EVICT_GLOBAL = 0, KVZIP_EVICT_UNIFORM = 1 };
-enum { KVZIP_KV_F16 = 0, KVZIP_KV_BF16 = 1, KVZIP_KV_F32 = 2 };
+/** Stored K/V row types: the on-disk numbering of the blob format (docs/FORMAT.md §4.1,
+ *  common/kvz_kvdtype.h). q8 = int8 + one f16 scale per 32 values (the default);
+ *  q4 = 4-bit + f16 scale and minimum per 32 values. */
+enum { KVZIP_KV_F32 = 0, KVZIP_KV_F16 = 1, KVZIP_KV_BF16 = 2, KVZIP_KV_Q8 = 3, KVZIP_KV_Q4 = 4 };
 
 typedef struct kvzip_ingest_opts {
     float ratio;             /**< fraction of context KV pairs kept, (0, 1] (default 0.3) */
     int32_t mode;            /**< KVZIP_EVICT_GLOBAL (one threshold, default) or _UNIFORM */
-    int32_t kv_dtype;        /**< stored K/V type: KVZIP_KV_F16 (default), _BF16, _F32 */
+    int32_t kv_dtype;        /**< stored K/V type: KVZIP_KV_Q8 (default), _Q4, _F16, _BF16, _F32 */
     int32_t part_tokens;     /**< split longer documents into parts of at most this many
                                   tokens (0 = the model's maximum, kvzip_model_info) */
     const char *source_path; /**< recorded with the document (NULL = "") */

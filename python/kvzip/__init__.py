@@ -25,7 +25,7 @@ for _code, _name in _ERR_NAMES.items():
 
 _DEVICES = {"cpu": 0, "cuda": 1, "auto": 2}
 _MODES = {"global": 0, "uniform": 1}
-_DTYPES = {"f16": 0, "bf16": 1, "f32": 2}
+_DTYPES = {"f32": 0, "f16": 1, "bf16": 2, "q8": 3, "q4": 4}  # kvzip.h KVZIP_KV_* (on-disk numbering)
 
 
 def _find_library():
@@ -247,14 +247,14 @@ class Store(_Handle):
         return _check(_store_has(self._handle(), _b(doc_id))) == 1
 
 
-def ingest(model, store, doc_id, text, ratio=0.3, mode="global", kv_dtype="f16", part_tokens=0,
+def ingest(model, store, doc_id, text, ratio=0.3, mode="global", kv_dtype="q8", part_tokens=0,
            source_path=None):
     """Compress @text with KVzip and store it under @doc_id (parts doc_id#1.. when longer
     than the model allows). Returns the figures as a dict."""
     o = _IngestOpts()
     _ingest_defaults(ctypes.byref(o))
     if mode not in _MODES or kv_dtype not in _DTYPES:
-        raise ValueError("mode: global|uniform, kv_dtype: f16|bf16|f32")
+        raise ValueError("mode: global|uniform, kv_dtype: q8|q4|f16|bf16|f32")
     o.ratio, o.mode, o.kv_dtype, o.part_tokens = ratio, _MODES[mode], _DTYPES[kv_dtype], part_tokens
     o.source_path = _b(source_path)
     data = _b(text)
