@@ -31,8 +31,8 @@ int32_t kvz_ingest_max_part_tokens(const kvz_model *m)
     return n > 256 ? n : 256;
 }
 
-static void fill_meta(const kvz_model *m, const kvz_ingest_opts *o, int32_t n_prefix,
-                      int32_t n_ctx, uint32_t *counts, kvz_blob_meta *bm)
+void kvz_ingest_blob_meta(const kvz_model *m, const kvz_ingest_opts *o, int32_t n_prefix,
+                          int32_t n_ctx, uint32_t *counts, kvz_blob_meta *bm)
 {
     const kvz_config *c = kvz_model_config(m);
     memset(bm, 0, sizeof *bm);
@@ -65,7 +65,7 @@ static int record_err(int rc, const char *what, uint32_t l)
 /* The prefix blob's META (docs/FORMAT.md §3.1): n_context 0, policy KEEP, every
  * head holding the n_prefix rows; canonical parameters so its hash depends only
  * on the model, the dtype and the prefix tokens. */
-static void prefix_meta(const kvz_blob_meta *doc, uint32_t *counts, kvz_blob_meta *pm)
+void kvz_ingest_prefix_meta(const kvz_blob_meta *doc, uint32_t *counts, kvz_blob_meta *pm)
 {
     *pm = *doc;
     pm->mode = KVZ_MODE_GLOBAL;
@@ -158,11 +158,11 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
     uint32_t *counts = calloc((size_t)nlh, sizeof *counts);   /* (n_layer, n_kv_head) context rows */
     uint32_t *pcounts = calloc((size_t)nlh, sizeof *pcounts); /* (n_layer, n_kv_head) = n_prefix */
     kvz_blob_meta bm, pm;
-    fill_meta(m, o, n_prefix, n_ctx, counts, &bm);
+    kvz_ingest_blob_meta(m, o, n_prefix, n_ctx, counts, &bm);
     uint8_t params[KVZ_BLOB_PARAMS_SIZE], phash[16] = {0};
     if (shared) {
         bm.prefix_policy = KVZ_PREFIX_SHARED;
-        prefix_meta(&bm, pcounts, &pm);
+        kvz_ingest_prefix_meta(&bm, pcounts, &pm);
         kvz_blob_params_bytes(&pm, params);
         kvz_blob_content_hash(pm.fingerprint, params, sizeof params, (size_t)n_prefix, all.ids, phash);
         memcpy(bm.prefix_ref, phash, 16);

@@ -60,6 +60,21 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
                    const int32_t *ctx, int32_t n_ctx, const kvz_ingest_opts *o,
                    kvz_ingest_result *res);
 
+/**
+ * The META of a document blob made with @p o (canonical parameters, policy KEEP;
+ * the caller switches to SHARED and sets prefix_ref). One home for both ingest
+ * paths (kvz_ingest_doc and the GPU pipeline): these fields feed the content hash,
+ * so a second copy that drifted would silently defeat "unchanged" detection.
+ * @param counts  (n_layer * n_kv_head) kept rows per head, borrowed by @p bm.
+ */
+void kvz_ingest_blob_meta(const kvz_model *m, const kvz_ingest_opts *o, int32_t n_prefix,
+                          int32_t n_ctx, uint32_t *counts, kvz_blob_meta *bm);
+
+/** The shared prefix blob's META for document META @p doc (docs/FORMAT.md §3.1):
+ *  n_context 0, policy KEEP, ratio 1, every head holding n_prefix rows (written to
+ *  @p counts, (n_layer * n_kv_head), borrowed by @p pm). */
+void kvz_ingest_prefix_meta(const kvz_blob_meta *doc, uint32_t *counts, kvz_blob_meta *pm);
+
 /** What kvz_doc_load() read. */
 typedef struct kvz_doc_meta {
     kvz_store_doc_info info;

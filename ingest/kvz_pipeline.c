@@ -297,43 +297,6 @@ int kvz_pipeline_create(kvz_model *m, kvz_store *st, const kvz_ingest_opts *o, i
 
 int kvz_pipeline_failed(const kvz_pipeline *p) { return p->fatal; }
 
-static void fill_meta(const kvz_model *m, const kvz_ingest_opts *o, int32_t n_prefix, int32_t n_ctx,
-                      uint32_t *counts, kvz_blob_meta *bm)
-{
-    const kvz_config *c = kvz_model_config(m);
-    memset(bm, 0, sizeof *bm);
-    kvz_model_fingerprint(m, bm->fingerprint);
-    bm->n_layer = (uint32_t)c->n_layer;
-    bm->n_head = (uint32_t)c->n_head;
-    bm->n_kv_head = (uint32_t)c->n_kv_head;
-    bm->head_dim = (uint32_t)c->head_dim;
-    bm->dtype = o->dtype;
-    bm->mode = o->kp.mode == KVZ_EVICT_UNIFORM ? KVZ_MODE_UNIFORM : KVZ_MODE_GLOBAL;
-    bm->prefix_policy = KVZ_PREFIX_KEEP;
-    bm->ratio = o->kp.ratio;
-    bm->chunk = (uint32_t)o->kp.chunk;
-    bm->overlap = (uint32_t)o->kp.overlap;
-    bm->n_prefix = (uint32_t)n_prefix;
-    bm->n_context = (uint32_t)n_ctx;
-    bm->counts = counts;
-}
-
-/* The prefix blob's META exactly as kvz_ingest_doc makes it (docs/FORMAT.md §3.1):
- * n_context 0, policy KEEP, canonical parameters, every head holding the n_prefix rows. */
-static void prefix_meta(const kvz_blob_meta *doc, uint32_t *counts, kvz_blob_meta *pm)
-{
-    *pm = *doc;
-    pm->mode = KVZ_MODE_GLOBAL;
-    pm->prefix_policy = KVZ_PREFIX_KEEP;
-    pm->ratio = 1.0f;
-    pm->chunk = 1;
-    pm->overlap = 0;
-    pm->n_context = 0;
-    memset(pm->prefix_ref, 0, 16);
-    for (size_t i = 0; i < (size_t)doc->n_layer * doc->n_kv_head; i++) counts[i] = doc->n_prefix;
-    pm->counts = counts;
-}
-
 /* append j to the FIFO (p->mu held) */
 static void enqueue(kvz_pipeline *p, job *j)
 {
@@ -525,13 +488,13 @@ int kvz_pipeline_submit_part(kvz_pipeline *p, const char *doc_id, const char *so
         j->res.n_ctx = n_ctx;
         j->res.pairs_total = (int64_t)nlh * n_ctx;
         j->res.bytes_full = (uint64_t)nlh * (uint64_t)(n_prefix + n_ctx) * 2u * rb;
-        fill_meta(m, &p->o, n_prefix, n_ctx, j->counts, &j->bm);
+        kvz_ingest_blob_meta(m, &p->o, n_prefix, n_ctx, j->counts, &j->bm);
         uint8_t params[KVZ_BLOB_PARAMS_SIZE];
         j->n_task = p->n_layer + 1;
         if (n_prefix > 0) { /* the system prefix is stored once, as kvz_ingest_doc stores it */
             j->skip = n_prefix;
             j->bm.prefix_policy = KVZ_PREFIX_SHARED;
-            prefix_meta(&j->bm, j->pcounts, &j->pm);
+            kvz_ingest_prefix_meta(&j->bm, j->pcounts, &j->pm);
             kvz_blob_params_bytes(&j->pm, params);
             kvz_blob_content_hash(j->pm.fingerprint, params, sizeof params, (size_t)n_prefix, all.ids, j->phash);
             memcpy(j->bm.prefix_ref, j->phash, 16);
