@@ -14,11 +14,7 @@ void kvz_rope_shift_rows(float *k, int64_t n, int32_t hd, const float *inv_freq,
     const int32_t half = hd / 2;
     float cs[SHIFT_MAX_HALF], sn[SHIFT_MAX_HALF];
     const int32_t nj = half < SHIFT_MAX_HALF ? half : SHIFT_MAX_HALF;
-    for (int32_t j = 0; j < nj; j++) {
-        const double a = (double)delta * (double)inv_freq[j];
-        cs[j] = (float)cos(a);
-        sn[j] = (float)sin(a);
-    }
+    kvz_rope_shift_angles(inv_freq, nj, delta, cs, sn);
     for (int64_t r = 0; r < n; r++) {
         float *x = k + r * hd;
         for (int32_t j = 0; j < half; j++) {
@@ -36,6 +32,29 @@ void kvz_rope_shift_rows(float *k, int64_t n, int32_t hd, const float *inv_freq,
             x[i0] = a0 * c - b0 * s;
             x[i1] = a0 * s + b0 * c;
         }
+    }
+}
+
+void kvz_rope_shift_angles(const float *inv_freq, int32_t half, int32_t delta, float *cs, float *sn)
+{
+    for (int32_t j = 0; j < half; j++) {
+        const double a = (double)delta * (double)inv_freq[j];
+        cs[j] = (float)cos(a);
+        sn[j] = (float)sin(a);
+    }
+}
+
+void kvz_rope_shift_table(const kvz_model *m, int32_t delta, float *cs, float *sn)
+{
+    const int32_t hd = m->cfg.head_dim, half = hd / 2;
+    if (m->device != KVZ_DEVICE_CUDA) {
+        kvz_rope_shift_angles(m->rope_inv_freq, half, delta, cs, sn);
+        return;
+    }
+    for (int32_t j = 0; j < half; j++) { /* as kernels/rope.cu */
+        const double a = (double)delta * pow((double)m->cfg.rope_theta, -2.0 * j / (double)hd);
+        cs[j] = (float)cos(a);
+        sn[j] = (float)sin(a);
     }
 }
 
