@@ -28,7 +28,8 @@ extern "C" {
 void kvz_rope_shift_rows(float *k, int64_t n, int32_t hd, const float *inv_freq, int adjacent,
                          int32_t delta);
 
-/** kvz_rope_shift_rows with model @p m's head_dim, θ_j and layout. */
+/** kvz_rope_shift_rows with model @p m's head_dim, θ_j and layout (θ_j as
+ *  kvz_rope_shift_table gives them: on a CUDA model, as its backend's RoPE). */
 void kvz_rope_shift(const kvz_model *m, float *k, int64_t n, int32_t delta);
 
 /**
