@@ -78,7 +78,8 @@ typedef struct kvz_compose_meta {
  *   once as ID and once as one of its parts — or more than KVZ_COMPOSE_MAX_DOCS);
  *   KVZ_ERR_NOTFOUND (an unknown id); KVZ_ERR_FORMAT (documents ingested with
  *   different system prefixes, or dims differ from the model); KVZ_ERR_CONTEXT
- *   (positions past 2^30); KVZ_ERR_NOMEM (the composed rows do not fit in memory);
+ *   (positions past 2^30); KVZ_ERR_NOMEM (the composed rows do not fit in memory, host or device);
+ *   KVZ_ERR_CUDA (a device copy or launch failed);
  *   kvz_doc_load's errors. Every error's detail names the document.
  */
 int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n,
