@@ -1,4 +1,5 @@
 /* Several stored caches composed into one KV cache (see kvz_compose.h). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,7 +8,12 @@
 #include "kvz_error.h"
 #include "kvz_generate.h"
 #include "kvz_kvrow.h"
+#include "kvz_load.h"
 #include "kvz_rope_shift.h"
+#ifdef KVZ_HAVE_CUDA
+#include "kvz_cuda_loader.h"
+#include "kvz_rope_shift_cuda.h"
+#endif
 
 void kvz_compose_defaults(kvz_compose_opts *o)
 {
@@ -68,6 +74,260 @@ static int expand(kvz_store_read *r, const char *id, char ***v, int32_t *n)
     if (p == 1) return kvz_error_set(KVZ_ERR_NOTFOUND, "no document '%s' in the store", id);
     return 0;
 }
+
+#ifdef KVZ_HAVE_CUDA
+/* ------------------------------------------------------------------ CUDA backend
+ * Tasks t = (layer l, source i): per layer the shared prefix blob (when the documents
+ * have one), then documents 0..nd-1. Host workers read + verify + decompress a task's
+ * record straight into a pinned slot (stored rows, no conversion; positions moved by
+ * Δ in place); the calling thread uploads the slots in task order, each head's rows
+ * to its composed place (kvz_cuda_load_rows: the device converts to bf16), while the
+ * workers decompress the next tasks. After the last upload one kernel re-rotates every
+ * moved key in HBM (kvz_cuda_kv_shift). The host copies no row beyond the slot. */
+typedef struct gpu_job {
+    kvz_model *m;
+    kvz_kv *kv;
+    kvz_store *st;
+    char **v;                         /* (nd) document ids */
+    const kvz_blob_meta *bm;          /* (nd) */
+    const kvz_store_doc_info *info;   /* (nd) */
+    const kvz_blob_meta *pm;          /* the shared prefix blob, or NULL */
+    const uint32_t *skip;             /* (nd) leading rows of each head not taken (prefix kept once) */
+    const int64_t *delta;             /* (nd) position offsets */
+    uint32_t n_prefix, per, ntask;    /* per: tasks per layer */
+    int32_t nkv;
+    int nslot;
+    void *slots[KVZ_CUDA_LOAD_MAX_SLOTS];
+    uint32_t *np;                     /* (ntask, nkv) rows at positions < n_prefix in each head's run */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t next, freed;             /* next task to claim; tasks [0, freed) have given their slot back */
+    uint8_t *ready;                   /* (ntask) decoded */
+    int err;
+    char detail[512];
+} gpu_job;
+
+static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* task t's layer, source (-1: the prefix blob) and blob meta */
+static const kvz_blob_meta *task_of(const gpu_job *j, uint32_t t, uint32_t *l, int32_t *src)
+{
+    *l = t / j->per;
+    *src = (int32_t)(t % j->per) - (j->pm ? 1 : 0);
+    return *src < 0 ? j->pm : &j->bm[*src];
+}
+
+/* slot layout of a task: K at 0, V at *voff, u32 positions at 2 * *voff */
+static size_t task_bytes(const kvz_blob_meta *b, uint32_t l, size_t *voff)
+{
+    const uint64_t kept = kvz_blob_layer_kept(b, l);
+    *voff = al256((size_t)kept * kvz_blob_kv_row_bytes(b));
+    return 2 * *voff + (size_t)kept * 4;
+}
+
+static void gpu_fail(gpu_job *j, int rc, const char *id)
+{
+    pthread_mutex_lock(&j->mu);
+    if (!j->err) {
+        j->err = rc;
+        const char *d = kvz_error_detail();
+        snprintf(j->detail, sizeof j->detail, "document '%s': %s", id, d && d[0] ? d : kvz_strerror(rc));
+    }
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+}
+
+static void *gpu_worker(void *arg)
+{
+    gpu_job *j = arg;
+    kvz_store_read *r = NULL;
+    int rc = kvz_store_read_begin(j->st, &r);
+    if (rc) {
+        gpu_fail(j, rc, j->v[0]);
+        return NULL;
+    }
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        if (j->err || j->next >= j->ntask) {
+            pthread_mutex_unlock(&j->mu);
+            break;
+        }
+        const uint32_t t = j->next++;
+        while (!j->err && j->freed + (uint32_t)j->nslot < t + 1) pthread_cond_wait(&j->cv, &j->mu);
+        const int stop = j->err;
+        pthread_mutex_unlock(&j->mu);
+        if (stop) break;
+        uint32_t l;
+        int32_t src;
+        const kvz_blob_meta *b = task_of(j, t, &l, &src);
+        const char *id = j->v[src < 0 ? 0 : src];
+        const uint8_t *rec;
+        size_t len, voff;
+        task_bytes(b, l, &voff);
+        uint8_t *s = j->slots[t % (uint32_t)j->nslot];
+        uint32_t *pos = (uint32_t *)(s + 2 * voff);
+        if (src < 0) {
+            rc = kvz_store_read_prefix(r, j->bm[0].prefix_ref, l, &rec, &len);
+            if (rc == KVZ_ERR_NOTFOUND) rc = kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
+        } else {
+            rc = kvz_store_read_layer(r, j->info[src].hash, l, &rec, &len);
+        }
+        if (!rc) rc = kvz_blob_decode_layer(b, l, rec, len, pos, s, s + voff);
+        if (rc) {
+            gpu_fail(j, rc, id);
+            break;
+        }
+        /* positions: prefix rows stay, the others move by Δ (in the slot, before the upload) */
+        const int64_t dl = src < 0 ? 0 : j->delta[src];
+        const uint32_t sk = src < 0 ? 0 : j->skip[src];
+        uint64_t off = 0;
+        for (int32_t h = 0; h < j->nkv; h++) {
+            const uint32_t cnt = b->counts[(size_t)l * j->nkv + h];
+            uint32_t np = 0;
+            for (uint64_t i = off + sk; i < off + cnt; i++) {
+                if (pos[i] < j->n_prefix) np++;
+                else pos[i] = (uint32_t)((int64_t)pos[i] + dl);
+            }
+            j->np[(size_t)t * j->nkv + h] = np;
+            off += cnt;
+        }
+        pthread_mutex_lock(&j->mu);
+        j->ready[t] = 1;
+        pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+    }
+    kvz_store_read_end(r);
+    return NULL;
+}
+
+/* the calling thread: upload the tasks in order, collect the segments to re-rotate,
+ * then one re-rotation launch; returns the first error */
+static int gpu_upload(gpu_job *j, float ks, int32_t nd)
+{
+    const int32_t nkv = j->nkv, half = kvz_model_config(j->m)->head_dim / 2;
+    kvz_cuda_shift_seg *segs = malloc(sizeof *segs * ((size_t)j->ntask * nkv + 1));
+    float *cs = malloc(sizeof *cs * (size_t)nd * half), *sn = malloc(sizeof *sn * (size_t)nd * half);
+    uint32_t fill[KVZ_BLOB_MAX_HEADS], src_row[KVZ_BLOB_MAX_HEADS], rows[KVZ_BLOB_MAX_HEADS], dst[KVZ_BLOB_MAX_HEADS];
+    int nseg = 0, rc = 0;
+    if (!segs || !cs || !sn) {
+        rc = kvz_error_set(KVZ_ERR_NOMEM, "composition: re-rotation tables");
+        goto done;
+    }
+    for (int32_t d = 0; d < nd; d++) kvz_rope_shift_table(j->m, (int32_t)j->delta[d], cs + (size_t)d * half, sn + (size_t)d * half);
+    for (uint32_t t = 0; t < j->ntask && !rc; t++) {
+        pthread_mutex_lock(&j->mu);
+        while (!j->ready[t] && !j->err) pthread_cond_wait(&j->cv, &j->mu);
+        const int stop = j->err;
+        pthread_mutex_unlock(&j->mu);
+        if (stop) break;
+        uint32_t l;
+        int32_t src;
+        const kvz_blob_meta *b = task_of(j, t, &l, &src);
+        if (t % j->per == 0) memset(fill, 0, sizeof fill);
+        const uint32_t sk = src < 0 ? 0 : j->skip[src];
+        uint32_t off = 0;
+        for (int32_t h = 0; h < nkv; h++) {
+            const uint32_t cnt = b->counts[(size_t)l * nkv + h];
+            src_row[h] = off + sk;
+            rows[h] = cnt - sk;
+            dst[h] = fill[h];
+            fill[h] += rows[h];
+            off += cnt;
+            const uint32_t np = j->np[(size_t)t * nkv + h];
+            if (src >= 0 && (j->delta[src] != 0 || ks != 1.0f) && rows[h] > np)
+                segs[nseg++] = (kvz_cuda_shift_seg){(int32_t)(l * (uint32_t)nkv + (uint32_t)h), (int32_t)(dst[h] + np),
+                                                    (int32_t)(rows[h] - np), src};
+        }
+        size_t voff;
+        const size_t bytes = task_bytes(b, l, &voff);
+        const int slot = (int)(t % (uint32_t)j->nslot);
+        rc = kvz_cuda_load_rows(j->kv, (int32_t)l, slot, b->dtype, src_row, rows, dst, 0, voff, 2 * voff, bytes);
+        if (!rc && t > 0) rc = kvz_cuda_load_wait(j->m, (int)((t - 1) % (uint32_t)j->nslot));
+        if (rc) {
+            gpu_fail(j, rc, j->v[src < 0 ? 0 : src]);
+            break;
+        }
+        pthread_mutex_lock(&j->mu);
+        j->freed = t; /* tasks [0, t) uploaded: their slots are free */
+        pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+    }
+    if (!rc && !j->err) {
+        rc = kvz_cuda_kv_shift(j->kv, segs, nseg, cs, sn, nd, ks);
+        if (rc) gpu_fail(j, rc, j->v[nd - 1]);
+    }
+done:
+    free(segs);
+    free(cs);
+    free(sn);
+    return rc;
+}
+
+static int compose_gpu(kvz_model *m, kvz_store *st, kvz_kv *kv, char **v, int32_t nd, const kvz_blob_meta *bm,
+                       const kvz_store_doc_info *info, const kvz_blob_meta *pm, const uint32_t *skip,
+                       const int64_t *delta, float ks)
+{
+    const kvz_config *c = kvz_model_config(m);
+    gpu_job j;
+    memset(&j, 0, sizeof j);
+    j.m = m;
+    j.kv = kv;
+    j.st = st;
+    j.v = v;
+    j.bm = bm;
+    j.info = info;
+    j.pm = pm;
+    j.skip = skip;
+    j.delta = delta;
+    j.n_prefix = bm[0].n_prefix;
+    j.nkv = c->n_kv_head;
+    j.per = (uint32_t)nd + (pm ? 1 : 0);
+    j.ntask = j.per * (uint32_t)c->n_layer;
+    size_t max_bytes = 0, voff;
+    for (uint32_t t = 0; t < j.ntask; t++) {
+        uint32_t l;
+        int32_t src;
+        const kvz_blob_meta *tb = task_of(&j, t, &l, &src);
+        const size_t b = task_bytes(tb, l, &voff);
+        max_bytes = b > max_bytes ? b : max_bytes;
+    }
+    int want = kvz_load_threads(NULL);
+    j.nslot = want + 2 > KVZ_CUDA_LOAD_MAX_SLOTS ? KVZ_CUDA_LOAD_MAX_SLOTS : want + 2;
+    if ((uint32_t)j.nslot > j.ntask) j.nslot = (int)j.ntask;
+    if (want > j.nslot) want = j.nslot;
+    j.np = malloc(sizeof *j.np * (size_t)j.ntask * (size_t)j.nkv);
+    j.ready = calloc(j.ntask, 1);
+    if (!j.np || !j.ready) {
+        free(j.np);
+        free(j.ready);
+        return kvz_error_set(KVZ_ERR_NOMEM, "composition: task tables");
+    }
+    int rc = kvz_cuda_load_slots(m, max_bytes, j.nslot, j.slots);
+    if (rc) {
+        free(j.np);
+        free(j.ready);
+        return rc;
+    }
+    pthread_mutex_init(&j.mu, NULL);
+    pthread_cond_init(&j.cv, NULL);
+    pthread_t th[KVZ_CUDA_LOAD_MAX_SLOTS];
+    int nth = 0;
+    for (int i = 0; i < want; i++) {
+        if (pthread_create(&th[nth], NULL, gpu_worker, &j)) break;
+        nth++;
+    }
+    if (nth == 0) rc = kvz_error_set(KVZ_ERR_NOMEM, "composition: cannot start a decode thread");
+    else rc = gpu_upload(&j, ks, nd);
+    for (int i = 0; i < nth; i++) pthread_join(th[i], NULL);
+    kvz_cuda_load_finish(m); /* nothing in flight reads the slots after this */
+    pthread_mutex_destroy(&j.mu);
+    pthread_cond_destroy(&j.cv);
+    if (j.err) rc = kvz_error_set(j.err, "%s", j.detail);
+    free(j.np);
+    free(j.ready);
+    return rc;
+}
+#endif
 
 int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n,
                   const kvz_compose_opts *o, int64_t extra_rows, int32_t out_slots, kvz_kv **out,
@@ -211,6 +471,15 @@ int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n
                                (unsigned long long)max_head);
         goto out;
     }
+    const float ks = o->key_scale > 0.0f ? o->key_scale : 1.0f;
+#ifdef KVZ_HAVE_CUDA
+    if (kvz_model_device(m) == KVZ_DEVICE_CUDA && !o->host_path) {
+        kvz_store_read_end(r); /* the workers read in their own transactions */
+        r = NULL;
+        rc = compose_gpu(m, st, kv, v, nd, bm, info, P ? &pm : NULL, skip, delta, ks);
+        goto out;
+    }
+#endif
     size_t rbmax = 0; /* stored bytes of one row, the largest over the documents */
     for (int32_t d = 0; d < nd; d++)
         if (kvz_blob_kv_row_bytes(&bm[d]) > rbmax) rbmax = kvz_blob_kv_row_bytes(&bm[d]);
@@ -229,7 +498,6 @@ int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n
                            (unsigned long long)max_layer);
         goto out;
     }
-    const float ks = o->key_scale > 0.0f ? o->key_scale : 1.0f;
     for (int32_t l = 0; l < c->n_layer; l++) {
         const uint32_t *tl = total + (size_t)l * c->n_kv_head;
         /* fill[h]: rows of head h placed so far; head h starts at sum of totals before it */

@@ -17,9 +17,14 @@
  *   - auto: sequential when n_prefix + sum n_ctx + reserve fits the model's
  *     trained context (n_ctx from the GGUF), else parallel.
  *
- * Each layer is decoded once per document straight into one staging buffer at its
- * composed place and handed to kvz_kv_set_layer: the same copies as loading one
- * document (no per-document cache that is then copied again).
+ * CPU backend: each layer is decoded once per document straight into one staging
+ * buffer at its composed place and handed to kvz_kv_set_layer: the same copies as
+ * loading one document (no per-document cache that is then copied again).
+ * CUDA backend: as the pipelined loader (kvz_load.h): host workers decompress each
+ * (layer, document) record into a pinned slot, the slot is uploaded and converted on
+ * the device straight into the composed rows of each head, and one kernel re-rotates
+ * the moved keys in HBM at the end (kernels/kvz_rope_shift_cuda.h). Thread safety:
+ * one load per model at a time (the pinned slots belong to the model).
  */
 #ifndef KVZ_COMPOSE_H
 #define KVZ_COMPOSE_H
@@ -44,6 +49,8 @@ typedef struct kvz_compose_opts {
     float key_scale;     /**< multiplies every document (non-prefix) key: an APE-style
                               attention temperature 1/key_scale on document tokens; 0 = 1 = off */
     int32_t shift_bias;  /**< tests only: added to Δ_i of every document i >= 1 (0 normally) */
+    int32_t host_path;   /**< tests/bench: on the CUDA backend, compose on the host as on the CPU
+                              (fp32 re-rotation, kvz_kv_set_layer) instead of the device path */
 } kvz_compose_opts;
 
 void kvz_compose_defaults(kvz_compose_opts *o);
@@ -71,7 +78,8 @@ typedef struct kvz_compose_meta {
  *   once as ID and once as one of its parts — or more than KVZ_COMPOSE_MAX_DOCS);
  *   KVZ_ERR_NOTFOUND (an unknown id); KVZ_ERR_FORMAT (documents ingested with
  *   different system prefixes, or dims differ from the model); KVZ_ERR_CONTEXT
- *   (positions past 2^30); KVZ_ERR_NOMEM (the composed rows do not fit in memory);
+ *   (positions past 2^30); KVZ_ERR_NOMEM (the composed rows do not fit in memory, host or device);
+ *   KVZ_ERR_CUDA (a device copy or launch failed);
  *   kvz_doc_load's errors. Every error's detail names the document.
  */
 int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n,

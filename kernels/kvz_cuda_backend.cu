@@ -37,6 +37,7 @@
 extern "C" {
 #include "kvz_model_impl.h"
 #include "kvz_cuda_loader.h"
+#include "kvz_rope_shift_cuda.h"
 }
 
 /* eviction modes of ingest/kvz_kvzip.h (KVZ_EVICT_GLOBAL / KVZ_EVICT_UNIFORM) */
@@ -1586,4 +1587,81 @@ extern "C" int kvz_cuda_host_alloc(void **p, size_t bytes)
 extern "C" void kvz_cuda_host_free(void *p)
 {
     if (p) cudaFreeHost(p);
+}
+
+/* ====================================================================== */
+/* multi-document composition (kvz_rope_shift_cuda.h, ingest/kvz_compose.c) */
+
+extern "C" int kvz_cuda_load_rows(kvz_kv *kv, int32_t layer, int slot, int dtype, const uint32_t *src_row,
+                                  const uint32_t *rows, const uint32_t *dst_row, size_t k_off, size_t v_off,
+                                  size_t pos_off, size_t bytes)
+{
+    kvz_cuda_cache *cc = kv->cuda;
+    kvz_cuda_model *g = kv->m->cuda;
+    if (!cc || !g || slot < 0 || slot >= g->ld_n || bytes > g->ld_bytes || layer < 0 || layer >= kv->n_layer)
+        return kvz_error_set(KVZ_ERR_ARG, "load_rows: bad arguments");
+    const size_t rb = kvz_kv_row_bytes(dtype, (size_t)kv->head_dim), hd = (size_t)kv->head_dim, cap = (size_t)kv->cap;
+    if (!rb) return kvz_error_set(KVZ_ERR_ARG, "load_rows: stored dtype %d unknown", dtype);
+    for (int32_t h = 0; h < kv->n_kv_head; h++)
+        if ((int64_t)dst_row[h] + rows[h] > kv->cap)
+            return kvz_error_set(KVZ_ERR_CONTEXT, "layer %d head %d: %lld rows exceed the cache capacity %lld",
+                                 layer, h, (long long)dst_row[h] + rows[h], (long long)kv->cap);
+    const cudaStream_t s = g->s;
+    char *d = (char *)g->ld_d[slot];
+    if (bytes) KVZ_CUDA_TRY(cudaMemcpyAsync(d, g->ld_h[slot], bytes, cudaMemcpyHostToDevice, s));
+    const kvz_cuda_kv *L = &cc->L[layer];
+    for (int32_t h = 0; h < kv->n_kv_head; h++) {
+        const size_t seg = (size_t)layer * kv->n_kv_head + (size_t)h;
+        kv->len[seg] = (int64_t)dst_row[h] + rows[h];
+        if (!rows[h]) continue;
+        kvz_cuda_kv one = *L; /* head h alone: its rows, its length */
+        one.k = (bf16 *)L->k + (size_t)h * cap * hd;
+        one.v = (bf16 *)L->v + (size_t)h * cap * hd;
+        one.pos = L->pos + (size_t)h * cap;
+        one.len = L->len + h;
+        one.n_kv = 1;
+        const int32_t n = (int32_t)rows[h];
+        const size_t o = (size_t)src_row[h];
+        TRY(kvz_cuda_kv_load(s, &one, dtype, &n, (int32_t)dst_row[h], d + k_off + o * rb, d + v_off + o * rb,
+                             (const uint32_t *)(d + pos_off) + o));
+    }
+    KVZ_CUDA_TRY(cudaEventRecord(g->ld_ev[slot], s));
+    return 0;
+}
+
+extern "C" int kvz_cuda_kv_shift(kvz_kv *kv, const kvz_cuda_shift_seg *segs, int n_seg, const float *cs,
+                                 const float *sn, int n_doc, float key_scale)
+{
+    kvz_cuda_cache *cc = kv->cuda;
+    if (!cc || n_seg < 0 || (n_seg && (!segs || !cs || !sn || n_doc < 1)))
+        return kvz_error_set(KVZ_ERR_ARG, "kv_shift: bad arguments");
+    if (n_seg) {
+        const cudaStream_t s = kv->m->cuda->s;
+        const size_t half = (size_t)kv->head_dim / 2, sb = (size_t)n_seg * sizeof *segs,
+                     tb = (size_t)n_doc * half * sizeof(float);
+        int32_t mx = 0;
+        for (int i = 0; i < n_seg; i++) {
+            const kvz_cuda_shift_seg *q = &segs[i];
+            if (q->lh < 0 || q->lh >= kv->n_layer * kv->n_kv_head || q->row0 < 0 || q->n < 0 ||
+                (int64_t)q->row0 + q->n > kv->cap || q->doc < 0 || q->doc >= n_doc)
+                return kvz_error_set(KVZ_ERR_ARG, "kv_shift: segment %d out of range", i);
+            mx = q->n > mx ? q->n : mx;
+        }
+        char *d = NULL;
+        TRY(dmalloc_tmp((void **)&d, sb + 2 * tb + 32, s, "re-rotation tables"));
+        kvz_cuda_shift_seg *dsg = (kvz_cuda_shift_seg *)d;
+        float *dcs = (float *)(d + ((sb + 15) & ~(size_t)15)), *dsn = dcs + (size_t)n_doc * half;
+        int rc = 0;
+        /* pageable sources: each copy returns once its bytes are staged */
+        if (cudaMemcpyAsync(dsg, segs, sb, cudaMemcpyHostToDevice, s) != cudaSuccess ||
+            cudaMemcpyAsync(dcs, cs, tb, cudaMemcpyHostToDevice, s) != cudaSuccess ||
+            cudaMemcpyAsync(dsn, sn, tb, cudaMemcpyHostToDevice, s) != cudaSuccess)
+            rc = kvz_error_set(KVZ_ERR_CUDA, "kv_shift: cudaMemcpyAsync: %s", cudaGetErrorString(cudaGetLastError()));
+        if (!rc)
+            rc = kvz_cuda_rope_shift_rows(s, cc->k, kv->cap, kv->head_dim, kv->m->cfg.rope_adjacent, dsg, n_seg, mx,
+                                          dcs, dsn, key_scale);
+        dfree_tmp(d, s);
+        if (rc) return rc;
+    }
+    return kvz_cuda_kv_sync(kv, 0);
 }

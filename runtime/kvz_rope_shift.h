@@ -28,8 +28,24 @@ extern "C" {
 void kvz_rope_shift_rows(float *k, int64_t n, int32_t hd, const float *inv_freq, int adjacent,
                          int32_t delta);
 
-/** kvz_rope_shift_rows with model @p m's head_dim, θ_j and layout. */
+/** kvz_rope_shift_rows with model @p m's head_dim, θ_j and layout (θ_j as
+ *  kvz_rope_shift_table gives them: on a CUDA model, as its backend's RoPE). */
 void kvz_rope_shift(const kvz_model *m, float *k, int64_t n, int32_t delta);
+
+/**
+ * The angle table of a shift by @p delta: cs[j] = cos(Δ·θ_j), sn[j] = sin(Δ·θ_j) for
+ * j < @p half, computed in double precision and rounded to float — exactly the
+ * numbers kvz_rope_shift_rows applies.
+ */
+void kvz_rope_shift_angles(const float *inv_freq, int32_t half, int32_t delta, float *cs, float *sn);
+
+/**
+ * The angle table (head_dim/2 entries each) for model @p m, with θ_j as the model's
+ * backend rotates at ingest: the CPU's inv_freq (rope_freqs scaling included); the
+ * CUDA backend's theta^(-2j/head_dim) in double (it refuses per-frequency scaling).
+ * The device re-rotation (kernels/kvz_rope_shift_cuda.h) applies this table.
+ */
+void kvz_rope_shift_table(const kvz_model *m, int32_t delta, float *cs, float *sn);
 
 #ifdef __cplusplus
 }
