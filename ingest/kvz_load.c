@@ -8,11 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t in a struct */
+#include <xxhash.h>
 
 #include "kvz_error.h"
 #include "kvz_generate.h"
 #include "kvz_kvdtype.h"
 #include "kvz_kvrow.h"
+#include "kvz_store.h"
 #ifdef KVZ_HAVE_CUDA
 #include "kvz_cuda_loader.h"
 #endif
@@ -40,6 +43,7 @@ typedef struct load_job {
     size_t rb;          /* stored bytes of one row */
     size_t prb;         /* the prefix blob's */
     int gpu;
+    int map_only;
     int nslot;
     void *slots[16];
     pthread_mutex_t mu;
@@ -49,20 +53,40 @@ typedef struct load_job {
     uint8_t *ready;     /* (n_layer) decoded */
     int err;            /* first error (0: none) */
     char detail[512];
+    kvz_load_profile prof; /* summed over the workers (mu) */
 } load_job;
 
-/* per-layer slot layout: the document's K at 0, V at voff, positions at 2 * voff; with a
- * shared prefix, the prefix blob's K, V, positions after them (from layer_poff) */
-static size_t layer_voff(const load_job *j, uint64_t kept) { return al256((size_t)kept * j->rb); }
-static size_t layer_poff(const load_job *j, uint64_t kept) { return 2 * layer_voff(j, kept) + al256((size_t)kept * 4); }
-static size_t pre_voff(const load_job *j, uint64_t pk) { return al256((size_t)pk * j->prb); }
-static size_t layer_bytes(const load_job *j, uint32_t l)
+/* One record in memory, as a codec-none record lies: header (56 bytes) at X, then
+ * u32 positions, K rows, V rows. X puts K on a 16-byte boundary (the load kernel reads
+ * f16/bf16/f32 rows 16 bytes at a time). A record copied from the store lies there
+ * as it is; a zstd record is decoded to the same positions, K and V offsets. */
+typedef struct rec_at {
+    size_t x;     /* record start */
+    size_t pos;   /* positions */
+    size_t k, v;  /* rows */
+    size_t len;   /* codec-none record bytes */
+    size_t end;   /* x + len */
+} rec_at;
+
+static rec_at place(size_t at, uint64_t kept, size_t rb)
 {
-    const uint64_t kept = kvz_blob_layer_kept(j->bm, l);
-    if (!j->pm) return 2 * layer_voff(j, kept) + (size_t)kept * 4;
-    const uint64_t pk = kvz_blob_layer_kept(j->pm, l);
-    return layer_poff(j, kept) + 2 * pre_voff(j, pk) + (size_t)pk * 4;
+    rec_at r;
+    r.x = at + (16 - (KVZ_BLOB_HEADER_SIZE + 4 * (size_t)kept) % 16) % 16;
+    r.pos = r.x + KVZ_BLOB_HEADER_SIZE;
+    r.k = r.pos + 4 * (size_t)kept;
+    r.v = r.k + (size_t)kept * rb;
+    r.len = KVZ_BLOB_HEADER_SIZE + (size_t)kept * (4 + 2 * rb);
+    r.end = r.x + r.len;
+    return r;
 }
+
+/* slot layout of layer l: the document's record at 0, the shared prefix's after it */
+static rec_at doc_at(const load_job *j, uint32_t l) { return place(0, kvz_blob_layer_kept(j->bm, l), j->rb); }
+static rec_at pre_at(const load_job *j, uint32_t l)
+{
+    return place(al256(doc_at(j, l).end), kvz_blob_layer_kept(j->pm, l), j->prb);
+}
+static size_t layer_bytes(const load_job *j, uint32_t l) { return j->pm ? pre_at(j, l).end : doc_at(j, l).end; }
 
 static void job_fail(load_job *j, int rc, uint32_t layer)
 {
@@ -79,11 +103,117 @@ static void job_fail(load_job *j, int rc, uint32_t layer)
     pthread_mutex_unlock(&j->mu);
 }
 
+/* kvz_store_copy_layer's piece callback: hash the bytes that arrived (the record
+ * checksum, seeded from the header) and check the q8/q4 rows that are complete
+ * (the same check and message as kvz_blob_decode_layer) */
+typedef struct piece_st {
+    XXH3_state_t hs;
+    const uint8_t *base;
+    size_t hashed;       /* bytes [0, hashed) hashed (the header: seeded) */
+    int seeded, rows;
+    int dtype;
+    size_t hd, rb, row0, nrows, checked; /* rows at base + row0, [0, checked) checked */
+    uint64_t bad;        /* first bad row (K rows, then V rows), UINT64_MAX: none */
+    double s;
+} piece_st;
+
+static int on_piece(void *u, size_t done)
+{
+    piece_st *p = u;
+    const double t0 = kvz_now();
+    if (!p->seeded && done >= KVZ_BLOB_HEADER_SIZE) {
+        XXH3_64bits_reset_withSeed(&p->hs, kvz_blob_record_seed(p->base));
+        p->hashed = KVZ_BLOB_HEADER_SIZE;
+        p->seeded = 1;
+        p->rows = p->rows && p->base[7] == KVZ_BLOB_CODEC_NONE; /* header byte 7: codec (unverified yet) */
+    }
+    if (p->seeded && done > p->hashed) {
+        XXH3_64bits_update(&p->hs, p->base + p->hashed, done - p->hashed);
+        p->hashed = done;
+    }
+    if (p->rows && p->bad == UINT64_MAX && done > p->row0) {
+        size_t have = (done - p->row0) / p->rb;
+        if (have > p->nrows) have = p->nrows;
+        uint64_t bad;
+        if (have > p->checked &&
+            kvz_kvrow_check(p->dtype, p->base + p->row0 + p->checked * p->rb, have - p->checked, p->hd, &bad))
+            p->bad = p->checked + bad;
+        p->checked = have;
+    }
+    p->s += kvz_now() - t0;
+    return 0;
+}
+
+/* Record l of blob @p m (@p prefix: the shared prefix blob) into @p dst laid out as
+ * @p at says, verified as kvz_blob_decode_layer() verifies it: copied + hashed once
+ * (q8/q4 rows checked as they arrive) when it is a codec-none record of the expected
+ * length, else read through the map and decoded. */
+static int fetch(load_job *j, kvz_store_read *r, kvz_load_profile *pf, int prefix, uint32_t l, uint8_t *dst,
+                 rec_at at)
+{
+    const kvz_blob_meta *m = prefix ? j->pm : j->bm;
+    const uint8_t *hash = prefix ? j->pm_hash : j->hash;
+    const uint64_t kept = kvz_blob_layer_kept(m, l);
+    const size_t rb = prefix ? j->prb : j->rb;
+    int rc = KVZ_ERR_UNSUPPORTED;
+    size_t len = 0;
+    if (!j->map_only) {
+        piece_st ps;
+        memset(&ps, 0, sizeof ps);
+        ps.base = dst + at.x;
+        ps.rows = m->dtype == KVZ_KV_Q8 || m->dtype == KVZ_KV_Q4;
+        ps.dtype = m->dtype;
+        ps.hd = m->head_dim;
+        ps.rb = rb;
+        ps.row0 = at.k - at.x;
+        ps.nrows = 2 * (size_t)kept;
+        ps.bad = UINT64_MAX;
+        double t0 = kvz_now();
+        rc = prefix ? kvz_store_copy_prefix(r, hash, l, dst + at.x, at.len, &len, on_piece, &ps)
+                    : kvz_store_copy_layer(r, hash, l, dst + at.x, at.len, &len, on_piece, &ps);
+        const double t1 = kvz_now();
+        pf->copy_s += t1 - t0 - ps.s;
+        pf->hash_s += ps.s;
+        if (!rc && len == at.len) {
+            rc = kvz_blob_layer_placed(m, l, dst + at.x, len, XXH3_64bits_digest(&ps.hs));
+            pf->check_s += kvz_now() - t1;
+            if (!rc && ps.bad != UINT64_MAX) {
+                const int isv = ps.bad >= kept;
+                rc = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u %s row %llu: bad %s scale block (NaN, Inf or "
+                                   "negative scale, or q8 value -128)", l, isv ? "V" : "K",
+                                   (unsigned long long)(isv ? ps.bad - kept : ps.bad), kvz_kv_dtype_name(m->dtype));
+            }
+            if (rc != KVZ_ERR_UNSUPPORTED) { /* UNSUPPORTED: a zstd record of that length */
+                pf->records_copied++;
+                pf->bytes += len;
+                return rc;
+            }
+        } else if (!rc) {
+            rc = KVZ_ERR_UNSUPPORTED; /* another length: zstd (or damaged): through the map */
+        }
+        if (rc == KVZ_ERR_NOTFOUND && prefix)
+            return kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
+        if (rc != KVZ_ERR_UNSUPPORTED) return rc;
+    }
+    const double t0 = kvz_now();
+    const uint8_t *rec;
+    rc = prefix ? kvz_store_read_prefix(r, hash, l, &rec, &len) : kvz_store_read_layer(r, hash, l, &rec, &len);
+    if (rc == KVZ_ERR_NOTFOUND && prefix) return kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
+    if (!rc)
+        rc = kvz_blob_decode_layer(m, l, rec, len, (uint32_t *)(dst + at.pos), dst + at.k, dst + at.v);
+    pf->map_s += kvz_now() - t0;
+    pf->records_mapped++;
+    pf->bytes += len;
+    return rc;
+}
+
 static void *load_worker(void *arg)
 {
     load_job *j = arg;
     const kvz_blob_meta *bm = j->bm;
     const size_t hd = bm->head_dim;
+    kvz_load_profile pf;
+    memset(&pf, 0, sizeof pf);
     kvz_store_read *r = NULL;
     int rc = kvz_store_read_begin(j->st, &r);
     if (rc) {
@@ -92,35 +222,30 @@ static void *load_worker(void *arg)
     }
     /* CPU path buffers, sized for the largest layer */
     uint64_t maxk = 0;
+    size_t maxrec = 0;
     for (uint32_t l = 0; l < bm->n_layer; l++) {
         uint64_t k = kvz_blob_layer_kept(bm, l);
         maxk = k > maxk ? k : maxk;
+        maxrec = layer_bytes(j, l) > maxrec ? layer_bytes(j, l) : maxrec;
     }
     const uint32_t np = j->pm ? j->pm->n_prefix : 0, nkv = bm->n_kv_head;
     const uint64_t maxp = (uint64_t)np * nkv; /* prefix rows of a layer */
-    uint8_t *kb = NULL, *vb = NULL, *pkb = NULL, *pvb = NULL;
-    uint32_t *pu = NULL, *ppu = NULL;
+    uint8_t *buf = NULL; /* records, laid out as a GPU slot */
     float *kf = NULL, *vf = NULL, *pkf = NULL, *pvf = NULL, *ck = NULL, *cv = NULL;
     int32_t *cp = NULL;
     uint32_t cc[1024];
     if (!j->gpu) {
-        kb = malloc(maxk * j->rb + 1);
-        vb = malloc(maxk * j->rb + 1);
-        pu = malloc(maxk * 4 + 4);
+        buf = malloc(maxrec + 16);
         kf = malloc(maxk * hd * sizeof(float) + 4);
         vf = malloc(maxk * hd * sizeof(float) + 4);
         if (j->pm) {
-            pkb = malloc(maxp * j->prb + 1);
-            pvb = malloc(maxp * j->prb + 1);
-            ppu = malloc(maxp * 4 + 4);
             pkf = malloc(maxp * hd * sizeof(float) + 4);
             pvf = malloc(maxp * hd * sizeof(float) + 4);
             ck = malloc((maxk + maxp) * hd * sizeof(float) + 4);
             cv = malloc((maxk + maxp) * hd * sizeof(float) + 4);
             cp = malloc((maxk + maxp) * 4 + 4);
         }
-        if (!kb || !vb || !pu || !kf || !vf ||
-            (j->pm && (!pkb || !pvb || !ppu || !pkf || !pvf || !ck || !cv || !cp))) {
+        if (!buf || !kf || !vf || (j->pm && (!pkf || !pvf || !ck || !cv || !cp))) {
             job_fail(j, kvz_error_set(KVZ_ERR_NOMEM, "load buffers"), UINT32_MAX);
             goto out;
         }
@@ -132,39 +257,31 @@ static void *load_worker(void *arg)
             break;
         }
         const uint32_t l = j->next++;
+        const double tw = kvz_now();
         while (j->gpu && !j->err && j->freed + (uint32_t)j->nslot < l + 1) pthread_cond_wait(&j->cv, &j->mu);
+        pf.slot_wait_s += kvz_now() - tw;
         const int stop = j->err;
         pthread_mutex_unlock(&j->mu);
         if (stop) break;
-        const uint8_t *rec;
-        size_t len;
-        const uint64_t kept = kvz_blob_layer_kept(bm, l);
-        rc = kvz_store_read_layer(r, j->hash, l, &rec, &len);
-        const uint8_t *prec = NULL;
-        size_t plen = 0;
-        if (!rc && j->pm && (rc = kvz_store_read_prefix(r, j->pm_hash, l, &prec, &plen)) == KVZ_ERR_NOTFOUND)
-            rc = kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
-        const uint64_t pk = j->pm ? kvz_blob_layer_kept(j->pm, l) : 0;
-        if (!rc && j->gpu) {
-            uint8_t *s = j->slots[l % (uint32_t)j->nslot];
-            const size_t vo = layer_voff(j, kept);
-            rc = kvz_blob_decode_layer(bm, l, rec, len, (uint32_t *)(s + 2 * vo), s, s + vo);
-            if (!rc && j->pm) {
-                uint8_t *p = s + layer_poff(j, kept);
-                const size_t pvo = pre_voff(j, pk);
-                rc = kvz_blob_decode_layer(j->pm, l, prec, plen, (uint32_t *)(p + 2 * pvo), p, p + pvo);
-            }
-        } else if (!rc) {
-            rc = kvz_blob_decode_layer(bm, l, rec, len, pu, kb, vb);
-            if (!rc) rc = kvz_kvrow_decode(bm->dtype, kb, kept, hd, kf);
-            if (!rc) rc = kvz_kvrow_decode(bm->dtype, vb, kept, hd, vf);
+        uint8_t *s = j->gpu ? j->slots[l % (uint32_t)j->nslot] : buf;
+        const rec_at da = doc_at(j, l);
+        rc = fetch(j, r, &pf, 0, l, s, da);
+        if (!rc && j->pm) rc = fetch(j, r, &pf, 1, l, s, pre_at(j, l));
+        if (!rc && !j->gpu) {
+            const double t0 = kvz_now();
+            const uint64_t kept = kvz_blob_layer_kept(bm, l);
+            const uint32_t *pu = (const uint32_t *)(s + da.pos);
+            rc = kvz_kvrow_decode(bm->dtype, s + da.k, kept, hd, kf);
+            if (!rc) rc = kvz_kvrow_decode(bm->dtype, s + da.v, kept, hd, vf);
             const uint32_t *cnt = bm->counts + (size_t)l * nkv;
             /* u32 positions < 2^30 (blob limit) are the same int32 values */
             if (!rc && !j->pm) rc = kvz_kv_set_layer(j->kv, (int32_t)l, cnt, (const int32_t *)pu, kf, vf);
             if (!rc && j->pm) { /* each head: the shared prefix rows, then the document's */
-                rc = kvz_blob_decode_layer(j->pm, l, prec, plen, ppu, pkb, pvb);
-                if (!rc) rc = kvz_kvrow_decode(j->pm->dtype, pkb, pk, hd, pkf);
-                if (!rc) rc = kvz_kvrow_decode(j->pm->dtype, pvb, pk, hd, pvf);
+                const rec_at pa = pre_at(j, l);
+                const uint64_t pk = kvz_blob_layer_kept(j->pm, l);
+                const uint32_t *ppu = (const uint32_t *)(s + pa.pos);
+                rc = kvz_kvrow_decode(j->pm->dtype, s + pa.k, pk, hd, pkf);
+                if (!rc) rc = kvz_kvrow_decode(j->pm->dtype, s + pa.v, pk, hd, pvf);
                 size_t o = 0, od = 0;
                 for (uint32_t h = 0; h < nkv && !rc; h++) {
                     memcpy(ck + o * hd, pkf + (size_t)h * np * hd, (size_t)np * hd * sizeof(float));
@@ -180,6 +297,7 @@ static void *load_worker(void *arg)
                 }
                 if (!rc) rc = kvz_kv_set_layer(j->kv, (int32_t)l, cc, cp, ck, cv);
             }
+            pf.convert_s += kvz_now() - t0;
         }
         if (rc) {
             job_fail(j, rc, l);
@@ -192,8 +310,14 @@ static void *load_worker(void *arg)
     }
 out:
     kvz_store_read_end(r);
-    free(kb); free(vb); free(pu); free(kf); free(vf);
-    free(pkb); free(pvb); free(ppu); free(pkf); free(pvf); free(ck); free(cv); free(cp);
+    free(buf); free(kf); free(vf);
+    free(pkf); free(pvf); free(ck); free(cv); free(cp);
+    pthread_mutex_lock(&j->mu);
+    kvz_load_profile *t = &j->prof;
+    t->copy_s += pf.copy_s; t->hash_s += pf.hash_s; t->check_s += pf.check_s; t->map_s += pf.map_s;
+    t->convert_s += pf.convert_s; t->slot_wait_s += pf.slot_wait_s;
+    t->records_copied += pf.records_copied; t->records_mapped += pf.records_mapped; t->bytes += pf.bytes;
+    pthread_mutex_unlock(&j->mu);
     return NULL;
 }
 
@@ -203,26 +327,28 @@ static void upload_loop(load_job *j)
 {
     const kvz_blob_meta *bm = j->bm;
     for (uint32_t l = 0; l < bm->n_layer; l++) {
+        const double tw = kvz_now();
         pthread_mutex_lock(&j->mu);
         while (!j->ready[l] && !j->err) pthread_cond_wait(&j->cv, &j->mu);
         const int stop = j->err;
         pthread_mutex_unlock(&j->mu);
+        const double tu = kvz_now();
+        j->prof.ready_wait_s += tu - tw; /* this thread only */
         if (stop) return;
-        const uint64_t kept = kvz_blob_layer_kept(bm, l);
-        const size_t vo = layer_voff(j, kept);
         const int slot = (int)(l % (uint32_t)j->nslot);
+        const rec_at da = doc_at(j, l);
         int rc = 0, row0 = 0;
         if (j->pm) { /* the shared prefix first (rows 0..n_prefix-1 of every head); one copy of the slot */
-            const uint64_t pk = kvz_blob_layer_kept(j->pm, l);
-            const size_t po = layer_poff(j, kept), pvo = pre_voff(j, pk);
+            const rec_at pa = pre_at(j, l);
             rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, j->pm->dtype, j->pm->counts + (size_t)l * bm->n_kv_head,
-                                     0, po, po + pvo, po + 2 * pvo, layer_bytes(j, l));
+                                     0, pa.k, pa.v, pa.pos, layer_bytes(j, l));
             row0 = (int)j->pm->n_prefix;
         }
         if (!rc)
             rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, bm->dtype, bm->counts + (size_t)l * bm->n_kv_head,
-                                     row0, 0, vo, 2 * vo, j->pm ? 0 : layer_bytes(j, l));
+                                     row0, da.k, da.v, da.pos, j->pm ? 0 : layer_bytes(j, l));
         if (!rc && l > 0) rc = kvz_cuda_load_wait(j->m, (int)((l - 1) % (uint32_t)j->nslot));
+        j->prof.upload_s += kvz_now() - tu;
         if (rc) {
             job_fail(j, rc, l);
             return;
@@ -232,7 +358,9 @@ static void upload_loop(load_job *j)
         pthread_cond_broadcast(&j->cv);
         pthread_mutex_unlock(&j->mu);
     }
+    const double tu = kvz_now();
     int rc = kvz_cuda_load_finish(j->m);
+    j->prof.upload_s += kvz_now() - tu;
     if (rc) job_fail(j, rc, UINT32_MAX);
 }
 #endif
@@ -345,7 +473,10 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
 #endif
     /* CPU: the workers place rows in the cache, so it comes first. GPU: the workers only
      * fill pinned slots, so the device cache is allocated while they decode */
+    j.map_only = o && o->map_only;
+    double ta = kvz_now();
     if (!j.gpu && (rc = kvz_kv_create(m, (int64_t)max_rows + extra_rows, out_slots, &kv))) goto out;
+    j.prof.alloc_s += kvz_now() - ta;
     j.kv = kv;
 #ifdef KVZ_HAVE_CUDA
     if (j.gpu) {
@@ -367,7 +498,9 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     if (j.gpu && nth == 0) {
         job_fail(&j, kvz_error_set(KVZ_ERR_NOMEM, "cannot start a decode thread"), UINT32_MAX);
     } else if (j.gpu) {
+        ta = kvz_now();
         if ((rc = kvz_kv_create(m, (int64_t)max_rows + extra_rows, out_slots, &kv))) job_fail(&j, rc, UINT32_MAX);
+        j.prof.alloc_s += kvz_now() - ta;
         j.kv = kv; /* read by the upload loop only (this thread) */
         rc = 0;
     }
@@ -391,6 +524,10 @@ out:
         return rc;
     }
     meta->load_s = kvz_now() - t0;
+    if (o && o->profile) {
+        j.prof.total_s = meta->load_s;
+        *o->profile = j.prof;
+    }
     *out = kv;
     return 0;
 }
