@@ -551,15 +551,16 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
                r->reprefill, r->hit, r->hit_ft, (r->hit + r->hit_ft) / r->reprefill, r->kept_gb,
                r->kept_gb / r->load, r->kept_bf16_gb / r->load, 100 * r->kept_gb / r->load / (h2d / 1e9));
     }
-    printf("\n| tokens | stored | load s | load s through the map (the route before) | records copied / mapped | "
-           "worker s: copy (pread) / hash + row check / header check / map route | slot wait s | upload thread s: wait "
-           "for layers / H2D + kernel / alloc | total s |\n|---|---|---|---|---|---|---|---|---|\n");
+    printf("\n| tokens | stored | load s | load s through the map (the route before) | records copied / zstd / mapped | "
+           "worker s: copy (pread) / hash + row check / header check / zstd / map route | slot wait s | upload thread s: "
+           "wait for layers / H2D + kernel / alloc | total s |\n|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < nr; i++) {
         const store_row *r = &rows[i];
         const kvz_load_profile *p = &r->prof;
-        printf("| %d | %s | %.4f | %.4f | %llu / %llu | %.4f / %.4f / %.4f / %.4f | %.4f | %.4f / %.4f / %.4f | %.4f |\n",
-               r->T, r->dt, r->load, r->load_map, (unsigned long long)p->records_copied,
-               (unsigned long long)p->records_mapped, p->copy_s, p->hash_s, p->check_s, p->map_s, p->slot_wait_s,
+        printf("| %d | %s | %.4f | %.4f | %llu / %llu / %llu | %.4f / %.4f / %.4f / %.4f / %.4f | %.4f | %.4f / %.4f / %.4f "
+               "| %.4f |\n", r->T, r->dt, r->load, r->load_map, (unsigned long long)p->records_copied,
+               (unsigned long long)p->records_zstd, (unsigned long long)p->records_mapped, p->copy_s, p->hash_s,
+               p->check_s, p->zstd_s, p->map_s, p->slot_wait_s,
                p->ready_wait_s, p->upload_s, p->alloc_s, p->total_s);
     }
     /* decode threads vs load time, longest document of each dtype */

@@ -608,14 +608,31 @@ fail:
     return err;
 }
 
+/* kvz_blob_decode_layer(); @p hashed: the record checksum computed by the caller
+ * (kvz_blob_decode_layer_hashed): the payload checksum is then not recomputed */
+static int decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len, const uint64_t *hashed,
+                        uint32_t *pos, void *k, void *v);
+
 int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len,
                           uint32_t *pos, void *k, void *v)
+{
+    return decode_layer(m, l, rec, len, NULL, pos, k, v);
+}
+
+int kvz_blob_decode_layer_hashed(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len,
+                                 uint64_t rec_hash, uint32_t *pos, void *k, void *v)
+{
+    return decode_layer(m, l, rec, len, &rec_hash, pos, k, v);
+}
+
+static int decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len, const uint64_t *hashed,
+                        uint32_t *pos, void *k, void *v)
 {
     int err = kvz_blob_meta_validate(m);
     if (err) return err;
     if (l >= m->n_layer) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: layer %u >= n_layer %u", l, m->n_layer);
     kvz_blob_info in = {0};
-    if ((err = kvz_blob_check(rec, len, &in))) return err;
+    if ((err = check_rec(rec, len, &in, hashed))) return err;
     if ((err = check_layer_hdr(m, l, &in))) return err;
     uint64_t kept = kvz_blob_layer_kept(m, l);
     if (kept && (!pos || !k || !v)) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL output array");
@@ -631,7 +648,7 @@ int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec
             if (seg[s].n) memcpy(seg[s].p, comp + o, seg[s].n);
             o += seg[s].n;
         }
-        if (XXH3_64bits(comp, in.comp_size) != in.raw_xxh3) {
+        if (!hashed && XXH3_64bits(comp, in.comp_size) != in.raw_xxh3) {
             err = kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: layer %u payload checksum mismatch", l);
             goto done;
         }
@@ -661,7 +678,7 @@ int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec
                 goto done;
             }
         }
-        if (seg[s].n) XXH3_64bits_update(hs, seg[s].p, seg[s].n);
+        if (seg[s].n && !hashed) XXH3_64bits_update(hs, seg[s].p, seg[s].n);
     }
     while (zr != 0) { /* all bytes placed: the frame must end here */
         uint8_t extra;
@@ -678,7 +695,7 @@ int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec
         err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u: bytes after the zstd frame", l);
         goto done;
     }
-    if (XXH3_64bits_digest(hs) != in.raw_xxh3) {
+    if (!hashed && XXH3_64bits_digest(hs) != in.raw_xxh3) {
         err = kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: layer %u payload checksum mismatch", l);
         goto done;
     }

@@ -304,6 +304,15 @@ uint64_t kvz_blob_record_seed(const uint8_t *hdr);
 int kvz_blob_layer_placed(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len, uint64_t rec_hash);
 
 /**
+ * kvz_blob_decode_layer() of a record the caller copied and hashed itself
+ * (@p rec_hash, see kvz_blob_record_seed()): the record checksum (header + the
+ * stored bytes) is the one verification; the payload checksum over the
+ * decompressed bytes is not recomputed. Same outputs and errors.
+ */
+int kvz_blob_decode_layer_hashed(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len,
+                                 uint64_t rec_hash, uint32_t *pos, void *k, void *v);
+
+/**
  * Decode LAYER record @p l of the blob described by @p m (from
  * kvz_blob_decode_meta) straight into caller-provided flat head-major arrays,
  * streaming (no intermediate buffer of the payload). The rows stay in the stored

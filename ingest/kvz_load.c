@@ -8,14 +8,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t in a struct */
-#include <xxhash.h>
 
 #include "kvz_error.h"
 #include "kvz_generate.h"
 #include "kvz_kvdtype.h"
 #include "kvz_kvrow.h"
 #include "kvz_store.h"
+#include "kvz_xxh3.h"
 #ifdef KVZ_HAVE_CUDA
 #include "kvz_cuda_loader.h"
 #endif
@@ -107,7 +106,7 @@ static void job_fail(load_job *j, int rc, uint32_t layer)
  * checksum, seeded from the header) and check the q8/q4 rows that are complete
  * (the same check and message as kvz_blob_decode_layer) */
 typedef struct piece_st {
-    XXH3_state_t hs;
+    kvz_xxh3 hs;
     const uint8_t *base;
     size_t hashed;       /* bytes [0, hashed) hashed (the header: seeded) */
     int seeded, rows;
@@ -122,13 +121,13 @@ static int on_piece(void *u, size_t done)
     piece_st *p = u;
     const double t0 = kvz_now();
     if (!p->seeded && done >= KVZ_BLOB_HEADER_SIZE) {
-        XXH3_64bits_reset_withSeed(&p->hs, kvz_blob_record_seed(p->base));
+        kvz_xxh3_reset(&p->hs, kvz_blob_record_seed(p->base));
         p->hashed = KVZ_BLOB_HEADER_SIZE;
         p->seeded = 1;
         p->rows = p->rows && p->base[7] == KVZ_BLOB_CODEC_NONE; /* header byte 7: codec (unverified yet) */
     }
     if (p->seeded && done > p->hashed) {
-        XXH3_64bits_update(&p->hs, p->base + p->hashed, done - p->hashed);
+        kvz_xxh3_update(&p->hs, p->base + p->hashed, done - p->hashed);
         p->hashed = done;
     }
     if (p->rows && p->bad == UINT64_MAX && done > p->row0) {
@@ -148,8 +147,13 @@ static int on_piece(void *u, size_t done)
  * @p at says, verified as kvz_blob_decode_layer() verifies it: copied + hashed once
  * (q8/q4 rows checked as they arrive) when it is a codec-none record of the expected
  * length, else read through the map and decoded. */
-static int fetch(load_job *j, kvz_store_read *r, kvz_load_profile *pf, int prefix, uint32_t l, uint8_t *dst,
-                 rec_at at)
+typedef struct worker {
+    uint8_t *scratch; /* a zstd record */
+    size_t scratch_n;
+} worker;
+
+static int fetch(load_job *j, kvz_store_read *r, kvz_load_profile *pf, worker *w, int prefix, uint32_t l,
+                 uint8_t *dst, rec_at at)
 {
     const kvz_blob_meta *m = prefix ? j->pm : j->bm;
     const uint8_t *hash = prefix ? j->pm_hash : j->hash;
@@ -175,7 +179,7 @@ static int fetch(load_job *j, kvz_store_read *r, kvz_load_profile *pf, int prefi
         pf->copy_s += t1 - t0 - ps.s;
         pf->hash_s += ps.s;
         if (!rc && len == at.len) {
-            rc = kvz_blob_layer_placed(m, l, dst + at.x, len, XXH3_64bits_digest(&ps.hs));
+            rc = kvz_blob_layer_placed(m, l, dst + at.x, len, kvz_xxh3_digest(&ps.hs));
             pf->check_s += kvz_now() - t1;
             if (!rc && ps.bad != UINT64_MAX) {
                 const int isv = ps.bad >= kept;
@@ -188,8 +192,35 @@ static int fetch(load_job *j, kvz_store_read *r, kvz_load_profile *pf, int prefi
                 pf->bytes += len;
                 return rc;
             }
-        } else if (!rc) {
-            rc = KVZ_ERR_UNSUPPORTED; /* another length: zstd (or damaged): through the map */
+        } else if (!rc && (len > at.len || len < KVZ_BLOB_HEADER_SIZE)) {
+            rc = KVZ_ERR_UNSUPPORTED; /* not what codec none or zstd gives (damaged, or a v1 record zstd grew): the
+                                       * map route checks it and says what is wrong */
+        } else if (!rc) { /* a zstd record (shorter): copied + hashed into scratch, decompressed into place */
+            if (len > w->scratch_n) {
+                free(w->scratch);
+                w->scratch_n = 0;
+                if (!(w->scratch = malloc(len))) return kvz_error_set(KVZ_ERR_NOMEM, "load scratch (%zu bytes)", len);
+                w->scratch_n = len;
+            }
+            memset(&ps, 0, sizeof ps);
+            ps.base = w->scratch;
+            ps.bad = UINT64_MAX;
+            size_t len2 = 0;
+            const double t2 = kvz_now();
+            rc = prefix ? kvz_store_copy_prefix(r, hash, l, w->scratch, len, &len2, on_piece, &ps)
+                        : kvz_store_copy_layer(r, hash, l, w->scratch, len, &len2, on_piece, &ps);
+            const double t3 = kvz_now();
+            pf->copy_s += t3 - t2 - ps.s;
+            pf->hash_s += ps.s;
+            if (!rc && len2 == len) {
+                rc = kvz_blob_decode_layer_hashed(m, l, w->scratch, len, kvz_xxh3_digest(&ps.hs),
+                                                  (uint32_t *)(dst + at.pos), dst + at.k, dst + at.v);
+                pf->zstd_s += kvz_now() - t3;
+                pf->records_zstd++;
+                pf->bytes += len;
+                return rc;
+            }
+            if (!rc) rc = KVZ_ERR_UNSUPPORTED; /* changed under us? the map route says */
         }
         if (rc == KVZ_ERR_NOTFOUND && prefix)
             return kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
@@ -214,6 +245,7 @@ static void *load_worker(void *arg)
     const size_t hd = bm->head_dim;
     kvz_load_profile pf;
     memset(&pf, 0, sizeof pf);
+    worker wk = {NULL, 0};
     kvz_store_read *r = NULL;
     int rc = kvz_store_read_begin(j->st, &r);
     if (rc) {
@@ -265,8 +297,8 @@ static void *load_worker(void *arg)
         if (stop) break;
         uint8_t *s = j->gpu ? j->slots[l % (uint32_t)j->nslot] : buf;
         const rec_at da = doc_at(j, l);
-        rc = fetch(j, r, &pf, 0, l, s, da);
-        if (!rc && j->pm) rc = fetch(j, r, &pf, 1, l, s, pre_at(j, l));
+        rc = fetch(j, r, &pf, &wk, 0, l, s, da);
+        if (!rc && j->pm) rc = fetch(j, r, &pf, &wk, 1, l, s, pre_at(j, l));
         if (!rc && !j->gpu) {
             const double t0 = kvz_now();
             const uint64_t kept = kvz_blob_layer_kept(bm, l);
@@ -310,6 +342,7 @@ static void *load_worker(void *arg)
     }
 out:
     kvz_store_read_end(r);
+    free(wk.scratch);
     free(buf); free(kf); free(vf);
     free(pkf); free(pvf); free(ck); free(cv); free(cp);
     pthread_mutex_lock(&j->mu);
@@ -317,6 +350,7 @@ out:
     t->copy_s += pf.copy_s; t->hash_s += pf.hash_s; t->check_s += pf.check_s; t->map_s += pf.map_s;
     t->convert_s += pf.convert_s; t->slot_wait_s += pf.slot_wait_s;
     t->records_copied += pf.records_copied; t->records_mapped += pf.records_mapped; t->bytes += pf.bytes;
+    t->zstd_s += pf.zstd_s; t->records_zstd += pf.records_zstd;
     pthread_mutex_unlock(&j->mu);
     return NULL;
 }

@@ -9,8 +9,8 @@
  *     is copied with pread() from data.mdb straight to where it is used (the pinned
  *     staging slot on the GPU; no page fault on the map) and hashed once, piece by
  *     piece while the piece is in the CPU cache (the record checksum covers header
- *     and payload); a zstd record is read in place from the map, verified and
- *     decompressed into the same place;
+ *     and payload); a zstd record is copied the same way into a scratch buffer
+ *     and decompressed into the same place;
  *   - CPU backend: each worker converts its layer to fp32 and places it in the cache
  *     (layers are independent);
  *   - CUDA backend: workers decompress straight into pinned staging slots; the
@@ -40,14 +40,16 @@ typedef struct kvz_load_profile {
     double copy_s;       /**< workers: pread of records into staging (LMDB lookup included) */
     double hash_s;       /**< workers: record checksum + q8/q4 row checks, piece by piece */
     double check_s;      /**< workers: header and position checks of copied records */
-    double map_s;        /**< workers: records read through the map (zstd, fallback): check + decode */
+    double zstd_s;       /**< workers: zstd records copied to scratch: header checks + decompression */
+    double map_s;        /**< workers: records read through the map (map_only, fallback): check + decode */
     double convert_s;    /**< workers, CPU backend: stored rows -> fp32 -> the cache */
     double slot_wait_s;  /**< workers: waiting for a free staging slot (GPU) */
     double ready_wait_s; /**< calling thread (GPU): waiting for decoded layers */
     double upload_s;     /**< calling thread (GPU): H2D + kernel enqueue, waiting for the previous layer */
     double alloc_s;      /**< calling thread: KV cache allocation */
     double total_s;      /**< the whole kvz_load_doc() */
-    uint64_t records_copied; /**< records read with pread() (one hash pass) */
+    uint64_t records_copied; /**< codec-none records read with pread() into place (one hash pass) */
+    uint64_t records_zstd;   /**< zstd records read with pread() into scratch (one hash pass) */
     uint64_t records_mapped; /**< records read through the map */
     uint64_t bytes;          /**< stored bytes of the records */
 } kvz_load_profile;

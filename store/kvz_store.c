@@ -2693,7 +2693,7 @@ static int getval_fn(void *vc)
     return 0;
 }
 
-#define COPY_PIECE ((size_t)1 << 20)
+#define COPY_PIECE ((size_t)256 << 10) /* fits L2 with room: the caller hashes it while it is there */
 
 static int copy_record(kvz_store_read *r, MDB_dbi dbi, int prefix, const uint8_t hash[16], uint32_t index,
                        void *dst, size_t cap, size_t *len, kvz_store_piece_fn piece, void *user)

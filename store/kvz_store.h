@@ -264,7 +264,7 @@ typedef int (*kvz_store_piece_fn)(void *user, size_t done);
 
 /**
  * LAYER record @p l of @p hash copied into @p dst with pread() from data.mdb, in
- * pieces of at most 1 MiB (@p piece, may be NULL, runs after each: a reader hashes
+ * pieces of at most 256 KiB (@p piece, may be NULL, runs after each: a reader hashes
  * each piece while it is still in the CPU cache). No page of the map is touched,
  * so there are no page faults on the map, and a data file cut short is a short
  * read (an error), not SIGBUS. For readers that want the bytes in their own

@@ -204,6 +204,31 @@ static long diff_cache(const kvz_kv *kv, const doc *d, int L, int H, int hd, int
     return bad;
 }
 
+/* XOR @p x into the middle payload byte of every copy of record @p rec in data.mdb
+ * (LMDB can leave stale copies of pages in the file): how many copies */
+static int flip_in_store(const char *dir, const uint8_t *rec, size_t len, uint8_t x)
+{
+    char path[96];
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    FILE *f = fopen(path, "r+b");
+    if (!f) return 0;
+    fseek(f, 0, SEEK_END);
+    const long fsz = ftell(f);
+    uint8_t *all = malloc((size_t)fsz);
+    int n = 0;
+    if (all && fseek(f, 0, SEEK_SET) == 0 && fread(all, 1, (size_t)fsz, f) == (size_t)fsz)
+        for (long i = 0; i + (long)len <= fsz; i++)
+            if (!memcmp(all + i, rec, len)) {
+                const long at = i + 56 + (long)(len - 56) / 2;
+                uint8_t b = all[at] ^ x;
+                fseek(f, at, SEEK_SET);
+                n += fwrite(&b, 1, 1, f) == 1;
+            }
+    fclose(f);
+    free(all);
+    return n;
+}
+
 static int run(int device)
 {
     kvz_model_opts mo = {.device = device, .n_threads = 2};
@@ -346,40 +371,54 @@ static int run(int device)
                    kvz_error_detail());
             CHECK(rc == KVZ_ERR_FORMAT && kv == NULL && strstr(kvz_error_detail(), "layer 1 K row 0: bad q8 scale"));
         }
-        /* one payload byte of layer 0 flipped in data.mdb itself */
-        char path[96];
-        snprintf(path, sizeof path, "%s/data.mdb", dir);
-        FILE *f = fopen(path, "r+b");
-        REQUIRE(f);
-        fseek(f, 0, SEEK_END);
-        const long fsz = ftell(f);
-        uint8_t *all = malloc((size_t)fsz);
-        REQUIRE(all && fseek(f, 0, SEEK_SET) == 0 && fread(all, 1, (size_t)fsz, f) == (size_t)fsz);
-        const uint8_t *r2 = recs[0].data;
-        long at = -1;
-        for (long i = 0; i + (long)recs[0].len <= fsz && at < 0; i++)
-            if (!memcmp(all + i, r2, recs[0].len)) at = i;
-        CHECKF(at >= 0, "%s: layer 0 record of q8-copy not found in data.mdb", dev);
-        if (at >= 0) {
-            const long flip = at + 56 + (long)recs[0].len / 2;
-            uint8_t b = all[flip] ^ 0x10;
-            fseek(f, flip, SEEK_SET);
-            fwrite(&b, 1, 1, f);
-            fflush(f);
-            for (int mo2 = 0; mo2 < 2; mo2++) {
+        /* one payload byte of layer 0 flipped in data.mdb itself (a codec-none record,
+         * then a zstd one: a q8 document whose rows all repeat row 0) */
+        doc z;
+        make_doc(&z, L, H, hd, KVZ_KV_Q8);
+        const size_t rbq = kvz_kv_row_bytes(KVZ_KV_Q8, (size_t)hd);
+        for (int l = 0; l < L; l++)
+            for (size_t i = 1; i < (size_t)H * (NP + NC); i++) {
+                memcpy(z.k[l] + i * rbq, z.k[l], rbq);
+                memcpy(z.v[l] + i * rbq, z.k[l], rbq);
+            }
+        const uint8_t h3[16] = {5, 3, (uint8_t)device};
+        meta_of(m, KVZ_KV_Q8, KVZ_PREFIX_KEEP, NP, NC, NULL, &bm);
+        CHECK(put_blob(st, "q8-zstd", h3, &bm, &z, 0, NULL, NULL) == 0);
+        {
+            kvz_load_opts lo = {.threads = 2, .profile = &pf};
+            int rc = kvz_load_doc(m, st, "q8-zstd", 0, 0, &lo, &kv, &dm);
+            CHECKF(rc == 0, "%s q8-zstd: %s", dev, kvz_error_detail());
+            if (!rc) {
+                long bad = diff_cache(kv, &z, L, H, hd, KVZ_KV_Q8, device != KVZ_DEVICE_CPU);
+                printf("  %s q8 zstd records: %llu copied, %llu zstd, %llu through the map, %ld mismatches\n", dev,
+                       (unsigned long long)pf.records_copied, (unsigned long long)pf.records_zstd,
+                       (unsigned long long)pf.records_mapped, bad);
+                CHECK(bad == 0 && pf.records_zstd == (uint64_t)L && pf.records_copied == 0 && pf.records_mapped == 0);
+                kvz_kv_free(kv);
+            }
+        }
+        uint8_t *zm = NULL;
+        size_t zml = 0;
+        kvz_store_rec *zrecs = NULL;
+        meta_of(m, KVZ_KV_Q8, KVZ_PREFIX_KEEP, NP, NC, NULL, &bm);
+        REQUIRE(enc_blob(&bm, &z, 0, &zm, &zml, &zrecs) == 0);
+        CHECK(zrecs[0].data[7] == KVZ_BLOB_CODEC_ZSTD);
+        const char *fid[2] = {"q8-copy", "q8-zstd"};
+        const kvz_store_rec *frec[2] = {&recs[0], &zrecs[0]};
+        for (int w = 0; w < 2; w++) {
+            const int nf = flip_in_store(dir, frec[w]->data, frec[w]->len, 0x10);
+            CHECKF(nf >= 1, "%s: layer 0 record of %s not found in data.mdb", dev, fid[w]);
+            for (int mo2 = 0; mo2 < 2 && nf; mo2++) {
                 kvz_load_opts lo = {.threads = 2, .map_only = mo2};
                 kv = NULL;
-                int rc = kvz_load_doc(m, st, "q8-copy", 0, 0, &lo, &kv, &dm);
-                printf("  %s q8 byte flipped in data.mdb (%s route): %s (%s)\n", dev, mo2 ? "map" : "copy",
-                       kvz_strerror(rc), kvz_error_detail());
+                int rc = kvz_load_doc(m, st, fid[w], 0, 0, &lo, &kv, &dm);
+                printf("  %s %s: byte flipped in data.mdb (%d copies; %s route): %s (%s)\n", dev, fid[w], nf,
+                       mo2 ? "map" : "copy", kvz_strerror(rc), kvz_error_detail());
                 CHECK(rc == KVZ_ERR_CHECKSUM && kv == NULL && strstr(kvz_error_detail(), "layer record 0"));
             }
-            b ^= 0x10; /* put it back */
-            fseek(f, flip, SEEK_SET);
-            fwrite(&b, 1, 1, f);
         }
-        fclose(f);
-        free(all);
+        free_recs(zrecs, zm, L);
+        free_doc(&z, L);
         free_recs(recs, mr, L);
         free_doc(&d, L);
     }
