@@ -48,7 +48,9 @@ typedef struct load_job {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint32_t next;      /* next layer to claim */
-    uint32_t freed;     /* layers [0, freed) have given their slot back */
+    int free_slot[16];  /* GPU: staging slots no layer holds (any layer takes any slot) */
+    int nfree;
+    int8_t *slot_of;    /* (n_layer) the slot layer l was decoded into */
     uint8_t *ready;     /* (n_layer) decoded */
     int err;            /* first error (0: none) */
     char detail[512];
@@ -290,12 +292,13 @@ static void *load_worker(void *arg)
         }
         const uint32_t l = j->next++;
         const double tw = kvz_now();
-        while (j->gpu && !j->err && j->freed + (uint32_t)j->nslot < l + 1) pthread_cond_wait(&j->cv, &j->mu);
+        while (j->gpu && !j->err && j->nfree == 0) pthread_cond_wait(&j->cv, &j->mu);
         pf.slot_wait_s += kvz_now() - tw;
         const int stop = j->err;
+        const int slot = j->gpu && !stop ? j->free_slot[--j->nfree] : -1;
         pthread_mutex_unlock(&j->mu);
         if (stop) break;
-        uint8_t *s = j->gpu ? j->slots[l % (uint32_t)j->nslot] : buf;
+        uint8_t *s = j->gpu ? j->slots[slot] : buf;
         const rec_at da = doc_at(j, l);
         rc = fetch(j, r, &pf, &wk, 0, l, s, da);
         if (!rc && j->pm) rc = fetch(j, r, &pf, &wk, 1, l, s, pre_at(j, l));
@@ -336,6 +339,7 @@ static void *load_worker(void *arg)
             break;
         }
         pthread_mutex_lock(&j->mu);
+        if (j->gpu) j->slot_of[l] = (int8_t)slot;
         j->ready[l] = 1;
         pthread_cond_broadcast(&j->cv);
         pthread_mutex_unlock(&j->mu);
@@ -356,22 +360,60 @@ out:
 }
 
 #ifdef KVZ_HAVE_CUDA
-/* the calling thread: upload layers in order as the workers finish them */
+/* a decoded layer not uploaded yet (ready 1 -> 2 when taken), else UINT32_MAX; j->mu held */
+static uint32_t take_ready(load_job *j)
+{
+    for (uint32_t l = 0; l < j->bm->n_layer; l++)
+        if (j->ready[l] == 1) {
+            j->ready[l] = 2;
+            return l;
+        }
+    return UINT32_MAX;
+}
+
+/* give slot @p s back once the device has read it; j->mu not held */
+static int release_slot(load_job *j, int s)
+{
+    int rc = kvz_cuda_load_wait(j->m, s);
+    pthread_mutex_lock(&j->mu);
+    j->free_slot[j->nfree++] = s;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    return rc;
+}
+
+/* the calling thread: upload layers as the workers finish them, in any order (each
+ * layer has its own part of the cache); a slot goes back to the workers as soon as
+ * the device has copied it, so one slow layer (a big zstd record) holds one slot,
+ * not the layers after it */
 static void upload_loop(load_job *j)
 {
     const kvz_blob_meta *bm = j->bm;
-    for (uint32_t l = 0; l < bm->n_layer; l++) {
+    int prev = -1; /* the slot uploaded last, not yet given back */
+    int rc = 0;
+    for (uint32_t done = 0; done < bm->n_layer && !rc; done++) {
         const double tw = kvz_now();
         pthread_mutex_lock(&j->mu);
-        while (!j->ready[l] && !j->err) pthread_cond_wait(&j->cv, &j->mu);
+        uint32_t l = take_ready(j);
+        if (l == UINT32_MAX && prev >= 0 && !j->err) { /* nothing to send: give the last slot back first */
+            pthread_mutex_unlock(&j->mu);
+            rc = release_slot(j, prev);
+            prev = -1;
+            pthread_mutex_lock(&j->mu);
+            l = take_ready(j);
+        }
+        while (l == UINT32_MAX && !j->err && !rc) {
+            pthread_cond_wait(&j->cv, &j->mu);
+            l = take_ready(j);
+        }
         const int stop = j->err;
+        const int slot = l == UINT32_MAX ? -1 : j->slot_of[l];
         pthread_mutex_unlock(&j->mu);
         const double tu = kvz_now();
         j->prof.ready_wait_s += tu - tw; /* this thread only */
-        if (stop) return;
-        const int slot = (int)(l % (uint32_t)j->nslot);
+        if (stop || rc) break;
         const rec_at da = doc_at(j, l);
-        int rc = 0, row0 = 0;
+        int row0 = 0;
         if (j->pm) { /* the shared prefix first (rows 0..n_prefix-1 of every head); one copy of the slot */
             const rec_at pa = pre_at(j, l);
             rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, j->pm->dtype, j->pm->counts + (size_t)l * bm->n_kv_head,
@@ -381,19 +423,15 @@ static void upload_loop(load_job *j)
         if (!rc)
             rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, bm->dtype, bm->counts + (size_t)l * bm->n_kv_head,
                                      row0, da.k, da.v, da.pos, j->pm ? 0 : layer_bytes(j, l));
-        if (!rc && l > 0) rc = kvz_cuda_load_wait(j->m, (int)((l - 1) % (uint32_t)j->nslot));
+        if (!rc && prev >= 0) rc = release_slot(j, prev);
+        prev = slot;
         j->prof.upload_s += kvz_now() - tu;
-        if (rc) {
-            job_fail(j, rc, l);
-            return;
-        }
-        pthread_mutex_lock(&j->mu);
-        j->freed = l; /* layers [0, l) uploaded: their slots are free */
-        pthread_cond_broadcast(&j->cv);
-        pthread_mutex_unlock(&j->mu);
+        if (rc) job_fail(j, rc, l);
     }
+    if (rc) job_fail(j, rc, UINT32_MAX); /* the first error wins: a layer's, when it was one */
+    if (rc || j->err) return;
     const double tu = kvz_now();
-    int rc = kvz_cuda_load_finish(j->m);
+    rc = kvz_cuda_load_finish(j->m);
     j->prof.upload_s += kvz_now() - tu;
     if (rc) job_fail(j, rc, UINT32_MAX);
 }
@@ -496,7 +534,8 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     j.hash = meta->info.hash;
     j.bm = &bm;
     j.ready = calloc(bm.n_layer, 1);
-    if (!j.ready) {
+    j.slot_of = calloc(bm.n_layer, 1);
+    if (!j.ready || !j.slot_of) {
         rc = KVZ_ERR_NOMEM;
         goto out;
     }
@@ -519,6 +558,7 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
         if ((uint32_t)j.nslot > bm.n_layer) j.nslot = (int)bm.n_layer;
         if (want > j.nslot) want = j.nslot;
         if ((rc = kvz_cuda_load_slots(m, max_bytes, j.nslot, j.slots))) goto out;
+        for (int i = 0; i < j.nslot; i++) j.free_slot[j.nfree++] = i;
     }
 #endif
     pthread_mutex_init(&j.mu, NULL);
@@ -551,6 +591,7 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     if (j.err) rc = kvz_error_set(j.err, "%s", j.detail);
 out:
     free(j.ready);
+    free(j.slot_of);
     kvz_blob_meta_free(&bm);
     kvz_blob_meta_free(&pm);
     if (rc) {
