@@ -13,9 +13,11 @@
  *     and decompressed into the same place;
  *   - CPU backend: each worker converts its layer to fp32 and places it in the cache
  *     (layers are independent);
- *   - CUDA backend: workers decompress straight into pinned staging slots; the
- *     calling thread uploads layer l (cudaMemcpyAsync on the model's stream) while
- *     the workers decompress l+1, l+2, ..., and one kernel per layer converts the
+ *   - CUDA backend: a worker takes any free pinned staging slot and fills it with
+ *     its layer; the calling thread uploads whichever layer is ready
+ *     (cudaMemcpyAsync on the model's stream; each layer has its own part of the
+ *     cache, so the order does not matter) while the workers go on, gives the slot
+ *     back once the device has copied it, and one kernel per layer converts the
  *     stored rows (f32/f16/bf16/q8/q4, common/kvz_kvdtype.h) into the bf16 cache.
  *     The host never converts a value.
  * Errors are those of kvz_doc_load(); the first failing layer's error wins and
