@@ -2650,7 +2650,8 @@ static int map_offset(kvz_store *s, const void *p, size_t n, uint64_t *off)
 {
     const uintptr_t a = (uintptr_t)p;
     pthread_mutex_lock(&s->map_mu);
-    if (!s->map_known) {
+    if (!s->map_known || a < s->map_lo || a >= s->map_hi) { /* (re)read: the map may span several lines */
+        s->map_known = 0;
         int fd;
         struct stat st;
         FILE *f = NULL;
