@@ -409,7 +409,9 @@ int kvz_blob_encode_layer(const kvz_blob_meta *m, uint32_t l, const uint32_t *po
 /* ========================================================================= */
 /* Decoding                                                                    */
 
-int kvz_blob_check(const uint8_t *rec, size_t len, kvz_blob_info *info)
+/* kvz_blob_check(); @p hashed: the record checksum computed by the caller while it
+ * copied the bytes (kvz_blob_record_seed()), NULL: compute it here */
+static int check_rec(const uint8_t *rec, size_t len, kvz_blob_info *info, const uint64_t *hashed)
 {
     if (!rec) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL record");
     if (len < KVZ_BLOB_HEADER_SIZE)
@@ -426,7 +428,7 @@ int kvz_blob_check(const uint8_t *rec, size_t len, kvz_blob_info *info)
         return kvz_error_set(KVZ_ERR_TRUNCATED, "kvz_blob: header says %llu compressed bytes, "
                              "record holds %zu", (unsigned long long)comp, len - KVZ_BLOB_HEADER_SIZE);
     uint64_t want = get64(rec + H_REC_XXH3);
-    uint64_t got = record_hash(rec, rec + KVZ_BLOB_HEADER_SIZE, (size_t)comp);
+    uint64_t got = hashed ? *hashed : record_hash(rec, rec + KVZ_BLOB_HEADER_SIZE, (size_t)comp);
     if (want != got)
         return kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: record checksum %016llx, expected %016llx",
                              (unsigned long long)got, (unsigned long long)want);
@@ -458,6 +460,59 @@ int kvz_blob_check(const uint8_t *rec, size_t len, kvz_blob_info *info)
         info->version = ver;
         info->codec = codec;
     }
+    return 0;
+}
+
+int kvz_blob_check(const uint8_t *rec, size_t len, kvz_blob_info *info)
+{
+    return check_rec(rec, len, info, NULL);
+}
+
+uint64_t kvz_blob_record_seed(const uint8_t *hdr)
+{
+    return XXH3_64bits(hdr, H_REC_XXH3);
+}
+
+/* The header of LAYER record @p l against its META (both decoders). */
+static int check_layer_hdr(const kvz_blob_meta *m, uint32_t l, const kvz_blob_info *in)
+{
+    if (in->kind != KVZ_BLOB_KIND_LAYER)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: expected a LAYER record, got kind %u", in->kind);
+    if (in->layer != l)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: record is layer %u, wanted %u", in->layer, l);
+    if (in->version != meta_version(m))
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u is version %u, its META version %u",
+                             l, in->version, meta_version(m));
+    if (in->blob_id != kvz_blob_meta_id(m))
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u belongs to another blob", l);
+    uint64_t kept = kvz_blob_layer_kept(m, l);
+    if (in->raw_size != kept * row_bytes(m))
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u payload %llu bytes, counts imply %llu",
+                             l, (unsigned long long)in->raw_size, (unsigned long long)(kept * row_bytes(m)));
+    return 0;
+}
+
+int kvz_blob_layer_placed(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len, uint64_t rec_hash)
+{
+    int err = kvz_blob_meta_validate(m);
+    if (err) return err;
+    if (l >= m->n_layer) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: layer %u >= n_layer %u", l, m->n_layer);
+    if (!rec || ((uintptr_t)(rec + KVZ_BLOB_HEADER_SIZE) & 3))
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: placed record NULL or its payload not 4-byte aligned");
+    kvz_blob_info in = {0};
+    if ((err = check_rec(rec, len, &in, &rec_hash))) return err;
+    if (in.codec != KVZ_BLOB_CODEC_NONE)
+        return kvz_error_set(KVZ_ERR_UNSUPPORTED, "kvz_blob: layer %u is a zstd record (kvz_blob_decode_layer)", l);
+    if ((err = check_layer_hdr(m, l, &in))) return err;
+    const uint32_t H = m->n_kv_head;
+    const uint32_t *pos = (const uint32_t *)(rec + KVZ_BLOB_HEADER_SIZE);
+    const uint32_t **hp = malloc(sizeof(*hp) * H);
+    if (!hp) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: placed layer");
+    uint64_t o = 0;
+    for (uint32_t h = 0; h < H; h++) { hp[h] = pos + o; o += m->counts[(size_t)l * H + h]; }
+    const char *p = positions_problem(m, l, hp);
+    free(hp);
+    if (p) return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u: %s", l, p);
     return 0;
 }
 
@@ -553,27 +608,33 @@ fail:
     return err;
 }
 
+/* kvz_blob_decode_layer(); @p hashed: the record checksum computed by the caller
+ * (kvz_blob_decode_layer_hashed): the payload checksum is then not recomputed */
+static int decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len, const uint64_t *hashed,
+                        uint32_t *pos, void *k, void *v);
+
 int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len,
                           uint32_t *pos, void *k, void *v)
+{
+    return decode_layer(m, l, rec, len, NULL, pos, k, v);
+}
+
+int kvz_blob_decode_layer_hashed(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len,
+                                 uint64_t rec_hash, uint32_t *pos, void *k, void *v)
+{
+    return decode_layer(m, l, rec, len, &rec_hash, pos, k, v);
+}
+
+static int decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len, const uint64_t *hashed,
+                        uint32_t *pos, void *k, void *v)
 {
     int err = kvz_blob_meta_validate(m);
     if (err) return err;
     if (l >= m->n_layer) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: layer %u >= n_layer %u", l, m->n_layer);
     kvz_blob_info in = {0};
-    if ((err = kvz_blob_check(rec, len, &in))) return err;
-    if (in.kind != KVZ_BLOB_KIND_LAYER)
-        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: expected a LAYER record, got kind %u", in.kind);
-    if (in.layer != l)
-        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: record is layer %u, wanted %u", in.layer, l);
-    if (in.version != meta_version(m))
-        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u is version %u, its META version %u",
-                             l, in.version, meta_version(m));
-    if (in.blob_id != kvz_blob_meta_id(m))
-        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u belongs to another blob", l);
+    if ((err = check_rec(rec, len, &in, hashed))) return err;
+    if ((err = check_layer_hdr(m, l, &in))) return err;
     uint64_t kept = kvz_blob_layer_kept(m, l);
-    if (in.raw_size != kept * row_bytes(m))
-        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u payload %llu bytes, counts imply %llu",
-                             l, (unsigned long long)in.raw_size, (unsigned long long)(kept * row_bytes(m)));
     if (kept && (!pos || !k || !v)) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL output array");
 
     const uint8_t *comp = rec + KVZ_BLOB_HEADER_SIZE;
@@ -587,7 +648,7 @@ int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec
             if (seg[s].n) memcpy(seg[s].p, comp + o, seg[s].n);
             o += seg[s].n;
         }
-        if (XXH3_64bits(comp, in.comp_size) != in.raw_xxh3) {
+        if (!hashed && XXH3_64bits(comp, in.comp_size) != in.raw_xxh3) {
             err = kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: layer %u payload checksum mismatch", l);
             goto done;
         }
@@ -617,7 +678,7 @@ int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec
                 goto done;
             }
         }
-        if (seg[s].n) XXH3_64bits_update(hs, seg[s].p, seg[s].n);
+        if (seg[s].n && !hashed) XXH3_64bits_update(hs, seg[s].p, seg[s].n);
     }
     while (zr != 0) { /* all bytes placed: the frame must end here */
         uint8_t extra;
@@ -634,7 +695,7 @@ int kvz_blob_decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec
         err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u: bytes after the zstd frame", l);
         goto done;
     }
-    if (XXH3_64bits_digest(hs) != in.raw_xxh3) {
+    if (!hashed && XXH3_64bits_digest(hs) != in.raw_xxh3) {
         err = kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: layer %u payload checksum mismatch", l);
         goto done;
     }

@@ -278,6 +278,41 @@ int kvz_blob_decode_meta(const uint8_t *rec, size_t len, const uint8_t *expected
                          kvz_blob_meta *m);
 
 /**
+ * The seed of a record's checksum (header field rec_xxh3, docs/FORMAT.md §2): XXH3-64
+ * of header bytes [0, 48) of @p hdr (KVZ_BLOB_HEADER_SIZE bytes). The checksum is
+ * XXH3_64bits_withSeed(payload, comp_size, seed): a reader that copies a record in
+ * pieces can hash each piece while it is in the cache and hand the result to
+ * kvz_blob_layer_placed().
+ */
+uint64_t kvz_blob_record_seed(const uint8_t *hdr);
+
+/**
+ * For a codec-none LAYER record that the caller copied into memory and hashed
+ * itself (@p rec_hash, see kvz_blob_record_seed()): every check of
+ * kvz_blob_decode_layer() on the record and its positions, without copying or
+ * hashing a byte. The payload is then used in place: u32 positions at
+ * rec + KVZ_BLOB_HEADER_SIZE (must be 4-byte aligned), K rows after them, V rows
+ * after K (flat head-major, kvz_blob_layer_offsets()).
+ * Differences from kvz_blob_decode_layer(): the record checksum (over the header
+ * and the payload) is the one verification of the payload bytes — the payload
+ * checksum, which for codec none hashes the same bytes again, is not recomputed;
+ * and q8/q4 scale blocks are NOT checked: check the rows (kvz_kvrow_check()) or
+ * decode them (kvz_kvrow_decode() rejects a bad block).
+ * @return 0; KVZ_ERR_UNSUPPORTED (a zstd record: use kvz_blob_decode_layer());
+ *         the errors of kvz_blob_decode_layer().
+ */
+int kvz_blob_layer_placed(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len, uint64_t rec_hash);
+
+/**
+ * kvz_blob_decode_layer() of a record the caller copied and hashed itself
+ * (@p rec_hash, see kvz_blob_record_seed()): the record checksum (header + the
+ * stored bytes) is the one verification; the payload checksum over the
+ * decompressed bytes is not recomputed. Same outputs and errors.
+ */
+int kvz_blob_decode_layer_hashed(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len,
+                                 uint64_t rec_hash, uint32_t *pos, void *k, void *v);
+
+/**
  * Decode LAYER record @p l of the blob described by @p m (from
  * kvz_blob_decode_meta) straight into caller-provided flat head-major arrays,
  * streaming (no intermediate buffer of the payload). The rows stay in the stored

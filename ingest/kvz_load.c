@@ -13,6 +13,8 @@
 #include "kvz_generate.h"
 #include "kvz_kvdtype.h"
 #include "kvz_kvrow.h"
+#include "kvz_store.h"
+#include "kvz_xxh3.h"
 #ifdef KVZ_HAVE_CUDA
 #include "kvz_cuda_loader.h"
 #endif
@@ -40,29 +42,52 @@ typedef struct load_job {
     size_t rb;          /* stored bytes of one row */
     size_t prb;         /* the prefix blob's */
     int gpu;
+    int map_only;
     int nslot;
     void *slots[16];
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint32_t next;      /* next layer to claim */
-    uint32_t freed;     /* layers [0, freed) have given their slot back */
+    int free_slot[16];  /* GPU: staging slots no layer holds (any layer takes any slot) */
+    int nfree;
+    int8_t *slot_of;    /* (n_layer) the slot layer l was decoded into */
     uint8_t *ready;     /* (n_layer) decoded */
     int err;            /* first error (0: none) */
     char detail[512];
+    kvz_load_profile prof; /* summed over the workers (mu) */
 } load_job;
 
-/* per-layer slot layout: the document's K at 0, V at voff, positions at 2 * voff; with a
- * shared prefix, the prefix blob's K, V, positions after them (from layer_poff) */
-static size_t layer_voff(const load_job *j, uint64_t kept) { return al256((size_t)kept * j->rb); }
-static size_t layer_poff(const load_job *j, uint64_t kept) { return 2 * layer_voff(j, kept) + al256((size_t)kept * 4); }
-static size_t pre_voff(const load_job *j, uint64_t pk) { return al256((size_t)pk * j->prb); }
-static size_t layer_bytes(const load_job *j, uint32_t l)
+/* One record in memory, as a codec-none record lies: header (56 bytes) at X, then
+ * u32 positions, K rows, V rows. X puts K on a 16-byte boundary (the load kernel reads
+ * f16/bf16/f32 rows 16 bytes at a time). A record copied from the store lies there
+ * as it is; a zstd record is decoded to the same positions, K and V offsets. */
+typedef struct rec_at {
+    size_t x;     /* record start */
+    size_t pos;   /* positions */
+    size_t k, v;  /* rows */
+    size_t len;   /* codec-none record bytes */
+    size_t end;   /* x + len */
+} rec_at;
+
+static rec_at place(size_t at, uint64_t kept, size_t rb)
 {
-    const uint64_t kept = kvz_blob_layer_kept(j->bm, l);
-    if (!j->pm) return 2 * layer_voff(j, kept) + (size_t)kept * 4;
-    const uint64_t pk = kvz_blob_layer_kept(j->pm, l);
-    return layer_poff(j, kept) + 2 * pre_voff(j, pk) + (size_t)pk * 4;
+    rec_at r;
+    r.x = at + (16 - (KVZ_BLOB_HEADER_SIZE + 4 * (size_t)kept) % 16) % 16;
+    r.pos = r.x + KVZ_BLOB_HEADER_SIZE;
+    r.k = r.pos + 4 * (size_t)kept;
+    r.v = r.k + (size_t)kept * rb;
+    r.len = KVZ_BLOB_HEADER_SIZE + (size_t)kept * (4 + 2 * rb);
+    r.end = r.x + r.len;
+    return r;
 }
+
+/* slot layout of layer l: the document's record at 0, the shared prefix's after it */
+static rec_at doc_at(const load_job *j, uint32_t l) { return place(0, kvz_blob_layer_kept(j->bm, l), j->rb); }
+static rec_at pre_at(const load_job *j, uint32_t l)
+{
+    return place(al256(doc_at(j, l).end), kvz_blob_layer_kept(j->pm, l), j->prb);
+}
+static size_t layer_bytes(const load_job *j, uint32_t l) { return j->pm ? pre_at(j, l).end : doc_at(j, l).end; }
 
 static void job_fail(load_job *j, int rc, uint32_t layer)
 {
@@ -79,11 +104,150 @@ static void job_fail(load_job *j, int rc, uint32_t layer)
     pthread_mutex_unlock(&j->mu);
 }
 
+/* kvz_store_copy_layer's piece callback: hash the bytes that arrived (the record
+ * checksum, seeded from the header) and check the q8/q4 rows that are complete
+ * (the same check and message as kvz_blob_decode_layer) */
+typedef struct piece_st {
+    kvz_xxh3 hs;
+    const uint8_t *base;
+    size_t hashed;       /* bytes [0, hashed) hashed (the header: seeded) */
+    int seeded, rows;
+    int dtype;
+    size_t hd, rb, row0, nrows, checked; /* rows at base + row0, [0, checked) checked */
+    uint64_t bad;        /* first bad row (K rows, then V rows), UINT64_MAX: none */
+    double s;
+} piece_st;
+
+static int on_piece(void *u, size_t done)
+{
+    piece_st *p = u;
+    const double t0 = kvz_now();
+    if (!p->seeded && done >= KVZ_BLOB_HEADER_SIZE) {
+        kvz_xxh3_reset(&p->hs, kvz_blob_record_seed(p->base));
+        p->hashed = KVZ_BLOB_HEADER_SIZE;
+        p->seeded = 1;
+        p->rows = p->rows && p->base[7] == KVZ_BLOB_CODEC_NONE; /* header byte 7: codec (unverified yet) */
+    }
+    if (p->seeded && done > p->hashed) {
+        kvz_xxh3_update(&p->hs, p->base + p->hashed, done - p->hashed);
+        p->hashed = done;
+    }
+    if (p->rows && p->bad == UINT64_MAX && done > p->row0) {
+        size_t have = (done - p->row0) / p->rb;
+        if (have > p->nrows) have = p->nrows;
+        uint64_t bad;
+        if (have > p->checked &&
+            kvz_kvrow_check(p->dtype, p->base + p->row0 + p->checked * p->rb, have - p->checked, p->hd, &bad))
+            p->bad = p->checked + bad;
+        p->checked = have;
+    }
+    p->s += kvz_now() - t0;
+    return 0;
+}
+
+/* Record l of blob @p m (@p prefix: the shared prefix blob) into @p dst laid out as
+ * @p at says, verified as kvz_blob_decode_layer() verifies it: copied + hashed once
+ * (q8/q4 rows checked as they arrive) when it is a codec-none record of the expected
+ * length, else read through the map and decoded. */
+typedef struct worker {
+    uint8_t *scratch; /* a zstd record */
+    size_t scratch_n;
+} worker;
+
+static int fetch(load_job *j, kvz_store_read *r, kvz_load_profile *pf, worker *w, int prefix, uint32_t l,
+                 uint8_t *dst, rec_at at)
+{
+    const kvz_blob_meta *m = prefix ? j->pm : j->bm;
+    const uint8_t *hash = prefix ? j->pm_hash : j->hash;
+    const uint64_t kept = kvz_blob_layer_kept(m, l);
+    const size_t rb = prefix ? j->prb : j->rb;
+    int rc = KVZ_ERR_UNSUPPORTED;
+    size_t len = 0;
+    if (!j->map_only) {
+        piece_st ps;
+        memset(&ps, 0, sizeof ps);
+        ps.base = dst + at.x;
+        ps.rows = m->dtype == KVZ_KV_Q8 || m->dtype == KVZ_KV_Q4;
+        ps.dtype = m->dtype;
+        ps.hd = m->head_dim;
+        ps.rb = rb;
+        ps.row0 = at.k - at.x;
+        ps.nrows = 2 * (size_t)kept;
+        ps.bad = UINT64_MAX;
+        double t0 = kvz_now();
+        rc = prefix ? kvz_store_copy_prefix(r, hash, l, dst + at.x, at.len, &len, on_piece, &ps)
+                    : kvz_store_copy_layer(r, hash, l, dst + at.x, at.len, &len, on_piece, &ps);
+        const double t1 = kvz_now();
+        pf->copy_s += t1 - t0 - ps.s;
+        pf->hash_s += ps.s;
+        if (!rc && len == at.len) {
+            rc = kvz_blob_layer_placed(m, l, dst + at.x, len, kvz_xxh3_digest(&ps.hs));
+            pf->check_s += kvz_now() - t1;
+            if (!rc && ps.bad != UINT64_MAX) {
+                const int isv = ps.bad >= kept;
+                rc = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u %s row %llu: bad %s scale block (NaN, Inf or "
+                                   "negative scale, or q8 value -128)", l, isv ? "V" : "K",
+                                   (unsigned long long)(isv ? ps.bad - kept : ps.bad), kvz_kv_dtype_name(m->dtype));
+            }
+            if (rc != KVZ_ERR_UNSUPPORTED) { /* UNSUPPORTED: a zstd record of that length */
+                pf->records_copied++;
+                pf->bytes += len;
+                return rc;
+            }
+        } else if (!rc && (len > at.len || len < KVZ_BLOB_HEADER_SIZE)) {
+            rc = KVZ_ERR_UNSUPPORTED; /* not what codec none or zstd gives (damaged, or a v1 record zstd grew): the
+                                       * map route checks it and says what is wrong */
+        } else if (!rc) { /* a zstd record (shorter): copied + hashed into scratch, decompressed into place */
+            if (len > w->scratch_n) {
+                free(w->scratch);
+                w->scratch_n = 0;
+                if (!(w->scratch = malloc(len))) return kvz_error_set(KVZ_ERR_NOMEM, "load scratch (%zu bytes)", len);
+                w->scratch_n = len;
+            }
+            memset(&ps, 0, sizeof ps);
+            ps.base = w->scratch;
+            ps.bad = UINT64_MAX;
+            size_t len2 = 0;
+            const double t2 = kvz_now();
+            rc = prefix ? kvz_store_copy_prefix(r, hash, l, w->scratch, len, &len2, on_piece, &ps)
+                        : kvz_store_copy_layer(r, hash, l, w->scratch, len, &len2, on_piece, &ps);
+            const double t3 = kvz_now();
+            pf->copy_s += t3 - t2 - ps.s;
+            pf->hash_s += ps.s;
+            if (!rc && len2 == len) {
+                rc = kvz_blob_decode_layer_hashed(m, l, w->scratch, len, kvz_xxh3_digest(&ps.hs),
+                                                  (uint32_t *)(dst + at.pos), dst + at.k, dst + at.v);
+                pf->zstd_s += kvz_now() - t3;
+                pf->records_zstd++;
+                pf->bytes += len;
+                return rc;
+            }
+            if (!rc) rc = KVZ_ERR_UNSUPPORTED; /* changed under us? the map route says */
+        }
+        if (rc == KVZ_ERR_NOTFOUND && prefix)
+            return kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
+        if (rc != KVZ_ERR_UNSUPPORTED) return rc;
+    }
+    const double t0 = kvz_now();
+    const uint8_t *rec;
+    rc = prefix ? kvz_store_read_prefix(r, hash, l, &rec, &len) : kvz_store_read_layer(r, hash, l, &rec, &len);
+    if (rc == KVZ_ERR_NOTFOUND && prefix) return kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
+    if (!rc)
+        rc = kvz_blob_decode_layer(m, l, rec, len, (uint32_t *)(dst + at.pos), dst + at.k, dst + at.v);
+    pf->map_s += kvz_now() - t0;
+    pf->records_mapped++;
+    pf->bytes += len;
+    return rc;
+}
+
 static void *load_worker(void *arg)
 {
     load_job *j = arg;
     const kvz_blob_meta *bm = j->bm;
     const size_t hd = bm->head_dim;
+    kvz_load_profile pf;
+    memset(&pf, 0, sizeof pf);
+    worker wk = {NULL, 0};
     kvz_store_read *r = NULL;
     int rc = kvz_store_read_begin(j->st, &r);
     if (rc) {
@@ -92,35 +256,30 @@ static void *load_worker(void *arg)
     }
     /* CPU path buffers, sized for the largest layer */
     uint64_t maxk = 0;
+    size_t maxrec = 0;
     for (uint32_t l = 0; l < bm->n_layer; l++) {
         uint64_t k = kvz_blob_layer_kept(bm, l);
         maxk = k > maxk ? k : maxk;
+        maxrec = layer_bytes(j, l) > maxrec ? layer_bytes(j, l) : maxrec;
     }
     const uint32_t np = j->pm ? j->pm->n_prefix : 0, nkv = bm->n_kv_head;
     const uint64_t maxp = (uint64_t)np * nkv; /* prefix rows of a layer */
-    uint8_t *kb = NULL, *vb = NULL, *pkb = NULL, *pvb = NULL;
-    uint32_t *pu = NULL, *ppu = NULL;
+    uint8_t *buf = NULL; /* records, laid out as a GPU slot */
     float *kf = NULL, *vf = NULL, *pkf = NULL, *pvf = NULL, *ck = NULL, *cv = NULL;
     int32_t *cp = NULL;
     uint32_t cc[1024];
     if (!j->gpu) {
-        kb = malloc(maxk * j->rb + 1);
-        vb = malloc(maxk * j->rb + 1);
-        pu = malloc(maxk * 4 + 4);
+        buf = malloc(maxrec + 16);
         kf = malloc(maxk * hd * sizeof(float) + 4);
         vf = malloc(maxk * hd * sizeof(float) + 4);
         if (j->pm) {
-            pkb = malloc(maxp * j->prb + 1);
-            pvb = malloc(maxp * j->prb + 1);
-            ppu = malloc(maxp * 4 + 4);
             pkf = malloc(maxp * hd * sizeof(float) + 4);
             pvf = malloc(maxp * hd * sizeof(float) + 4);
             ck = malloc((maxk + maxp) * hd * sizeof(float) + 4);
             cv = malloc((maxk + maxp) * hd * sizeof(float) + 4);
             cp = malloc((maxk + maxp) * 4 + 4);
         }
-        if (!kb || !vb || !pu || !kf || !vf ||
-            (j->pm && (!pkb || !pvb || !ppu || !pkf || !pvf || !ck || !cv || !cp))) {
+        if (!buf || !kf || !vf || (j->pm && (!pkf || !pvf || !ck || !cv || !cp))) {
             job_fail(j, kvz_error_set(KVZ_ERR_NOMEM, "load buffers"), UINT32_MAX);
             goto out;
         }
@@ -132,39 +291,32 @@ static void *load_worker(void *arg)
             break;
         }
         const uint32_t l = j->next++;
-        while (j->gpu && !j->err && j->freed + (uint32_t)j->nslot < l + 1) pthread_cond_wait(&j->cv, &j->mu);
+        const double tw = kvz_now();
+        while (j->gpu && !j->err && j->nfree == 0) pthread_cond_wait(&j->cv, &j->mu);
+        pf.slot_wait_s += kvz_now() - tw;
         const int stop = j->err;
+        const int slot = j->gpu && !stop ? j->free_slot[--j->nfree] : -1;
         pthread_mutex_unlock(&j->mu);
         if (stop) break;
-        const uint8_t *rec;
-        size_t len;
-        const uint64_t kept = kvz_blob_layer_kept(bm, l);
-        rc = kvz_store_read_layer(r, j->hash, l, &rec, &len);
-        const uint8_t *prec = NULL;
-        size_t plen = 0;
-        if (!rc && j->pm && (rc = kvz_store_read_prefix(r, j->pm_hash, l, &prec, &plen)) == KVZ_ERR_NOTFOUND)
-            rc = kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
-        const uint64_t pk = j->pm ? kvz_blob_layer_kept(j->pm, l) : 0;
-        if (!rc && j->gpu) {
-            uint8_t *s = j->slots[l % (uint32_t)j->nslot];
-            const size_t vo = layer_voff(j, kept);
-            rc = kvz_blob_decode_layer(bm, l, rec, len, (uint32_t *)(s + 2 * vo), s, s + vo);
-            if (!rc && j->pm) {
-                uint8_t *p = s + layer_poff(j, kept);
-                const size_t pvo = pre_voff(j, pk);
-                rc = kvz_blob_decode_layer(j->pm, l, prec, plen, (uint32_t *)(p + 2 * pvo), p, p + pvo);
-            }
-        } else if (!rc) {
-            rc = kvz_blob_decode_layer(bm, l, rec, len, pu, kb, vb);
-            if (!rc) rc = kvz_kvrow_decode(bm->dtype, kb, kept, hd, kf);
-            if (!rc) rc = kvz_kvrow_decode(bm->dtype, vb, kept, hd, vf);
+        uint8_t *s = j->gpu ? j->slots[slot] : buf;
+        const rec_at da = doc_at(j, l);
+        rc = fetch(j, r, &pf, &wk, 0, l, s, da);
+        if (!rc && j->pm) rc = fetch(j, r, &pf, &wk, 1, l, s, pre_at(j, l));
+        if (!rc && !j->gpu) {
+            const double t0 = kvz_now();
+            const uint64_t kept = kvz_blob_layer_kept(bm, l);
+            const uint32_t *pu = (const uint32_t *)(s + da.pos);
+            rc = kvz_kvrow_decode(bm->dtype, s + da.k, kept, hd, kf);
+            if (!rc) rc = kvz_kvrow_decode(bm->dtype, s + da.v, kept, hd, vf);
             const uint32_t *cnt = bm->counts + (size_t)l * nkv;
             /* u32 positions < 2^30 (blob limit) are the same int32 values */
             if (!rc && !j->pm) rc = kvz_kv_set_layer(j->kv, (int32_t)l, cnt, (const int32_t *)pu, kf, vf);
             if (!rc && j->pm) { /* each head: the shared prefix rows, then the document's */
-                rc = kvz_blob_decode_layer(j->pm, l, prec, plen, ppu, pkb, pvb);
-                if (!rc) rc = kvz_kvrow_decode(j->pm->dtype, pkb, pk, hd, pkf);
-                if (!rc) rc = kvz_kvrow_decode(j->pm->dtype, pvb, pk, hd, pvf);
+                const rec_at pa = pre_at(j, l);
+                const uint64_t pk = kvz_blob_layer_kept(j->pm, l);
+                const uint32_t *ppu = (const uint32_t *)(s + pa.pos);
+                rc = kvz_kvrow_decode(j->pm->dtype, s + pa.k, pk, hd, pkf);
+                if (!rc) rc = kvz_kvrow_decode(j->pm->dtype, s + pa.v, pk, hd, pvf);
                 size_t o = 0, od = 0;
                 for (uint32_t h = 0; h < nkv && !rc; h++) {
                     memcpy(ck + o * hd, pkf + (size_t)h * np * hd, (size_t)np * hd * sizeof(float));
@@ -180,59 +332,107 @@ static void *load_worker(void *arg)
                 }
                 if (!rc) rc = kvz_kv_set_layer(j->kv, (int32_t)l, cc, cp, ck, cv);
             }
+            pf.convert_s += kvz_now() - t0;
         }
         if (rc) {
             job_fail(j, rc, l);
             break;
         }
         pthread_mutex_lock(&j->mu);
+        if (j->gpu) j->slot_of[l] = (int8_t)slot;
         j->ready[l] = 1;
         pthread_cond_broadcast(&j->cv);
         pthread_mutex_unlock(&j->mu);
     }
 out:
     kvz_store_read_end(r);
-    free(kb); free(vb); free(pu); free(kf); free(vf);
-    free(pkb); free(pvb); free(ppu); free(pkf); free(pvf); free(ck); free(cv); free(cp);
+    free(wk.scratch);
+    free(buf); free(kf); free(vf);
+    free(pkf); free(pvf); free(ck); free(cv); free(cp);
+    pthread_mutex_lock(&j->mu);
+    kvz_load_profile *t = &j->prof;
+    t->copy_s += pf.copy_s; t->hash_s += pf.hash_s; t->check_s += pf.check_s; t->map_s += pf.map_s;
+    t->convert_s += pf.convert_s; t->slot_wait_s += pf.slot_wait_s;
+    t->records_copied += pf.records_copied; t->records_mapped += pf.records_mapped; t->bytes += pf.bytes;
+    t->zstd_s += pf.zstd_s; t->records_zstd += pf.records_zstd;
+    pthread_mutex_unlock(&j->mu);
     return NULL;
 }
 
 #ifdef KVZ_HAVE_CUDA
-/* the calling thread: upload layers in order as the workers finish them */
+/* a decoded layer not uploaded yet (ready 1 -> 2 when taken), else UINT32_MAX; j->mu held */
+static uint32_t take_ready(load_job *j)
+{
+    for (uint32_t l = 0; l < j->bm->n_layer; l++)
+        if (j->ready[l] == 1) {
+            j->ready[l] = 2;
+            return l;
+        }
+    return UINT32_MAX;
+}
+
+/* give slot @p s back once the device has read it; j->mu not held */
+static int release_slot(load_job *j, int s)
+{
+    int rc = kvz_cuda_load_wait(j->m, s);
+    pthread_mutex_lock(&j->mu);
+    j->free_slot[j->nfree++] = s;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    return rc;
+}
+
+/* the calling thread: upload layers as the workers finish them, in any order (each
+ * layer has its own part of the cache); a slot goes back to the workers as soon as
+ * the device has copied it, so one slow layer (a big zstd record) holds one slot,
+ * not the layers after it */
 static void upload_loop(load_job *j)
 {
     const kvz_blob_meta *bm = j->bm;
-    for (uint32_t l = 0; l < bm->n_layer; l++) {
+    int prev = -1; /* the slot uploaded last, not yet given back */
+    int rc = 0;
+    for (uint32_t done = 0; done < bm->n_layer && !rc; done++) {
+        const double tw = kvz_now();
         pthread_mutex_lock(&j->mu);
-        while (!j->ready[l] && !j->err) pthread_cond_wait(&j->cv, &j->mu);
+        uint32_t l = take_ready(j);
+        if (l == UINT32_MAX && prev >= 0 && !j->err) { /* nothing to send: give the last slot back first */
+            pthread_mutex_unlock(&j->mu);
+            rc = release_slot(j, prev);
+            prev = -1;
+            pthread_mutex_lock(&j->mu);
+            l = take_ready(j);
+        }
+        while (l == UINT32_MAX && !j->err && !rc) {
+            pthread_cond_wait(&j->cv, &j->mu);
+            l = take_ready(j);
+        }
         const int stop = j->err;
+        const int slot = l == UINT32_MAX ? -1 : j->slot_of[l];
         pthread_mutex_unlock(&j->mu);
-        if (stop) return;
-        const uint64_t kept = kvz_blob_layer_kept(bm, l);
-        const size_t vo = layer_voff(j, kept);
-        const int slot = (int)(l % (uint32_t)j->nslot);
-        int rc = 0, row0 = 0;
+        const double tu = kvz_now();
+        j->prof.ready_wait_s += tu - tw; /* this thread only */
+        if (stop || rc) break;
+        const rec_at da = doc_at(j, l);
+        int row0 = 0;
         if (j->pm) { /* the shared prefix first (rows 0..n_prefix-1 of every head); one copy of the slot */
-            const uint64_t pk = kvz_blob_layer_kept(j->pm, l);
-            const size_t po = layer_poff(j, kept), pvo = pre_voff(j, pk);
+            const rec_at pa = pre_at(j, l);
             rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, j->pm->dtype, j->pm->counts + (size_t)l * bm->n_kv_head,
-                                     0, po, po + pvo, po + 2 * pvo, layer_bytes(j, l));
+                                     0, pa.k, pa.v, pa.pos, layer_bytes(j, l));
             row0 = (int)j->pm->n_prefix;
         }
         if (!rc)
             rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, bm->dtype, bm->counts + (size_t)l * bm->n_kv_head,
-                                     row0, 0, vo, 2 * vo, j->pm ? 0 : layer_bytes(j, l));
-        if (!rc && l > 0) rc = kvz_cuda_load_wait(j->m, (int)((l - 1) % (uint32_t)j->nslot));
-        if (rc) {
-            job_fail(j, rc, l);
-            return;
-        }
-        pthread_mutex_lock(&j->mu);
-        j->freed = l; /* layers [0, l) uploaded: their slots are free */
-        pthread_cond_broadcast(&j->cv);
-        pthread_mutex_unlock(&j->mu);
+                                     row0, da.k, da.v, da.pos, j->pm ? 0 : layer_bytes(j, l));
+        if (!rc && prev >= 0) rc = release_slot(j, prev);
+        prev = slot;
+        j->prof.upload_s += kvz_now() - tu;
+        if (rc) job_fail(j, rc, l);
     }
-    int rc = kvz_cuda_load_finish(j->m);
+    if (rc) job_fail(j, rc, UINT32_MAX); /* the first error wins: a layer's, when it was one */
+    if (rc || j->err) return;
+    const double tu = kvz_now();
+    rc = kvz_cuda_load_finish(j->m);
+    j->prof.upload_s += kvz_now() - tu;
     if (rc) job_fail(j, rc, UINT32_MAX);
 }
 #endif
@@ -334,7 +534,8 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     j.hash = meta->info.hash;
     j.bm = &bm;
     j.ready = calloc(bm.n_layer, 1);
-    if (!j.ready) {
+    j.slot_of = calloc(bm.n_layer, 1);
+    if (!j.ready || !j.slot_of) {
         rc = KVZ_ERR_NOMEM;
         goto out;
     }
@@ -345,7 +546,10 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
 #endif
     /* CPU: the workers place rows in the cache, so it comes first. GPU: the workers only
      * fill pinned slots, so the device cache is allocated while they decode */
+    j.map_only = o && o->map_only;
+    double ta = kvz_now();
     if (!j.gpu && (rc = kvz_kv_create(m, (int64_t)max_rows + extra_rows, out_slots, &kv))) goto out;
+    j.prof.alloc_s += kvz_now() - ta;
     j.kv = kv;
 #ifdef KVZ_HAVE_CUDA
     if (j.gpu) {
@@ -354,6 +558,7 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
         if ((uint32_t)j.nslot > bm.n_layer) j.nslot = (int)bm.n_layer;
         if (want > j.nslot) want = j.nslot;
         if ((rc = kvz_cuda_load_slots(m, max_bytes, j.nslot, j.slots))) goto out;
+        for (int i = 0; i < j.nslot; i++) j.free_slot[j.nfree++] = i;
     }
 #endif
     pthread_mutex_init(&j.mu, NULL);
@@ -367,7 +572,9 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     if (j.gpu && nth == 0) {
         job_fail(&j, kvz_error_set(KVZ_ERR_NOMEM, "cannot start a decode thread"), UINT32_MAX);
     } else if (j.gpu) {
+        ta = kvz_now();
         if ((rc = kvz_kv_create(m, (int64_t)max_rows + extra_rows, out_slots, &kv))) job_fail(&j, rc, UINT32_MAX);
+        j.prof.alloc_s += kvz_now() - ta;
         j.kv = kv; /* read by the upload loop only (this thread) */
         rc = 0;
     }
@@ -384,6 +591,7 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     if (j.err) rc = kvz_error_set(j.err, "%s", j.detail);
 out:
     free(j.ready);
+    free(j.slot_of);
     kvz_blob_meta_free(&bm);
     kvz_blob_meta_free(&pm);
     if (rc) {
@@ -391,6 +599,10 @@ out:
         return rc;
     }
     meta->load_s = kvz_now() - t0;
+    if (o && o->profile) {
+        j.prof.total_s = meta->load_s;
+        *o->profile = j.prof;
+    }
     *out = kv;
     return 0;
 }

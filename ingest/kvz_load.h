@@ -4,14 +4,20 @@
  *        ready for questions, at memory speed.
  *
  * Same result as kvz_doc_load() (ingest/kvz_ingest.h), other route:
- *   - records are read in place from the LMDB map (no copy into a heap buffer) and
- *     verified + decompressed by a small thread pool, one layer per task, each
- *     worker in its own read transaction;
+ *   - a small thread pool, one layer per task, each worker in its own read
+ *     transaction; a codec-none record (q8/q4, and any record zstd does not shrink)
+ *     is copied with pread() from data.mdb straight to where it is used (the pinned
+ *     staging slot on the GPU; no page fault on the map) and hashed once, piece by
+ *     piece while the piece is in the CPU cache (the record checksum covers header
+ *     and payload); a zstd record is copied the same way into a scratch buffer
+ *     and decompressed into the same place;
  *   - CPU backend: each worker converts its layer to fp32 and places it in the cache
  *     (layers are independent);
- *   - CUDA backend: workers decompress straight into pinned staging slots; the
- *     calling thread uploads layer l (cudaMemcpyAsync on the model's stream) while
- *     the workers decompress l+1, l+2, ..., and one kernel per layer converts the
+ *   - CUDA backend: a worker takes any free pinned staging slot and fills it with
+ *     its layer; the calling thread uploads whichever layer is ready
+ *     (cudaMemcpyAsync on the model's stream; each layer has its own part of the
+ *     cache, so the order does not matter) while the workers go on, gives the slot
+ *     back once the device has copied it, and one kernel per layer converts the
  *     stored rows (f32/f16/bf16/q8/q4, common/kvz_kvdtype.h) into the bf16 cache.
  *     The host never converts a value.
  * Errors are those of kvz_doc_load(); the first failing layer's error wins and
@@ -30,8 +36,31 @@
 extern "C" {
 #endif
 
+/** Where a load's time went (kvz_load_opts.profile): seconds summed over the
+ *  workers (the *_s fields of workers) or on the calling thread, for benchmarks. */
+typedef struct kvz_load_profile {
+    double copy_s;       /**< workers: pread of records into staging (LMDB lookup included) */
+    double hash_s;       /**< workers: record checksum + q8/q4 row checks, piece by piece */
+    double check_s;      /**< workers: header and position checks of copied records */
+    double zstd_s;       /**< workers: zstd records copied to scratch: header checks + decompression */
+    double map_s;        /**< workers: records read through the map (map_only, fallback): check + decode */
+    double convert_s;    /**< workers, CPU backend: stored rows -> fp32 -> the cache */
+    double slot_wait_s;  /**< workers: waiting for a free staging slot (GPU) */
+    double ready_wait_s; /**< calling thread (GPU): waiting for decoded layers */
+    double upload_s;     /**< calling thread (GPU): H2D + kernel enqueue, waiting for the previous layer */
+    double alloc_s;      /**< calling thread: KV cache allocation */
+    double total_s;      /**< the whole kvz_load_doc() */
+    uint64_t records_copied; /**< codec-none records read with pread() into place (one hash pass) */
+    uint64_t records_zstd;   /**< zstd records read with pread() into scratch (one hash pass) */
+    uint64_t records_mapped; /**< records read through the map */
+    uint64_t bytes;          /**< stored bytes of the records */
+} kvz_load_profile;
+
 typedef struct kvz_load_opts {
     int threads; /**< decode workers; 0 = the online cores, at most 16 */
+    kvz_load_profile *profile; /**< NULL, or filled (zeroed first) with where the time went */
+    int map_only; /**< 1: read every record through the LMDB map, checked by the store
+                       and decoded (the route before copy reads; for comparisons) */
 } kvz_load_opts;
 
 /** Workers used by @p o (resolves 0). */

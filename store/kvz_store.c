@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,6 +39,12 @@ struct kvz_store {
      * open when present, else created by the first kvz_store_put_doc_shared */
     MDB_dbi prefixes;
     volatile int have_prefixes;
+    /* copy reads (kvz_store_copy_layer): the mapping of data.mdb, found in
+     * /proc/self/maps; forgotten whenever the map is resized (under the exclusive lock) */
+    pthread_mutex_t map_mu;
+    int map_known;
+    uintptr_t map_lo, map_hi;
+    uint64_t map_off;
 };
 
 struct kvz_store_read {
@@ -347,6 +354,7 @@ static int adopt_mapsize(kvz_store *s)
     int err = lock_exclusive(s);
     if (err) return err;
     int rc = mdb_env_set_mapsize(s->env, 0);
+    s->map_known = 0; /* the map may have moved */
     pthread_rwlock_unlock(&s->lock);
     return rc ? lmdb_err(rc, "adopt new map size") : 0;
 }
@@ -368,6 +376,7 @@ static int grow_map(kvz_store *s, uint64_t need)
     want = (want + 4095) & ~4095ull;
     if (want > s->max_map) want = s->max_map;
     int rc = mdb_env_set_mapsize(s->env, (size_t)want);
+    s->map_known = 0; /* the map may have moved */
     pthread_rwlock_unlock(&s->lock);
     if (rc)
         return kvz_error_set(KVZ_ERR_FULL, "kvz_store: growing the map to %llu bytes failed: %s "
@@ -691,6 +700,7 @@ int kvz_store_open(const char *dir, unsigned flags, uint64_t map_size, const uin
     pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
     pthread_rwlock_init(&s->lock, &ra);
     pthread_rwlockattr_destroy(&ra);
+    pthread_mutex_init(&s->map_mu, NULL);
     int err = 0, rc = mdb_env_create(&s->env);
     if (rc) { err = lmdb_err(rc, "mdb_env_create"); s->env = NULL; goto fail; }
     mdb_env_set_maxdbs(s->env, 8);
@@ -713,6 +723,7 @@ int kvz_store_open(const char *dir, unsigned flags, uint64_t map_size, const uin
 fail:
     if (s->env) mdb_env_close(s->env);
     pthread_rwlock_destroy(&s->lock);
+    pthread_mutex_destroy(&s->map_mu);
     free(s->dir);
     free(s);
     return err;
@@ -723,6 +734,7 @@ void kvz_store_close(kvz_store *s)
     if (!s) return;
     mdb_env_close(s->env);
     pthread_rwlock_destroy(&s->lock);
+    pthread_mutex_destroy(&s->map_mu);
     free(s->dir);
     free(s);
 }
@@ -2626,4 +2638,136 @@ static void verify_prefix_blobs(kvz_store *s, MDB_txn *txn, vstate *v, const uin
     if (rc && rc != MDB_NOTFOUND) problem(v, KVZ_ERR_LMDB, "prefixes: walk: %s", mdb_strerror(rc));
     mdb_cursor_close(c);
     kvz_blob_meta_free(&m);
+}
+
+/* ========================================================================= */
+/* Copy reads: a record's bytes with pread() (kvz_store_copy_layer)            */
+
+/* The file offset of @p p, a pointer into the map of data.mdb: the line of
+ * /proc/self/maps that holds it must name data.mdb itself (the device and inode of
+ * the environment's file descriptor), else -1 (the caller reads through the map). */
+static int map_offset(kvz_store *s, const void *p, size_t n, uint64_t *off)
+{
+    const uintptr_t a = (uintptr_t)p;
+    pthread_mutex_lock(&s->map_mu);
+    if (!s->map_known || a < s->map_lo || a >= s->map_hi) { /* (re)read: the map may span several lines */
+        s->map_known = 0;
+        int fd;
+        struct stat st;
+        FILE *f = NULL;
+        if (mdb_env_get_fd(s->env, &fd) == 0 && fstat(fd, &st) == 0) f = fopen("/proc/self/maps", "re");
+        char line[4608];
+        while (f && fgets(line, sizeof line, f)) {
+            unsigned long lo, hi, fo, ino;
+            unsigned maj, mnr;
+            if (sscanf(line, "%lx-%lx %*s %lx %x:%x %lu", &lo, &hi, &fo, &maj, &mnr, &ino) != 6) continue;
+            if (a < lo || a >= hi) continue;
+            if (ino == (unsigned long)st.st_ino && makedev(maj, mnr) == st.st_dev) {
+                s->map_lo = lo;
+                s->map_hi = hi;
+                s->map_off = fo;
+                s->map_known = 1;
+            }
+            break;
+        }
+        if (f) fclose(f);
+    }
+    const int ok = s->map_known && a >= s->map_lo && n <= s->map_hi - a;
+    if (ok) *off = s->map_off + (a - s->map_lo);
+    pthread_mutex_unlock(&s->map_mu);
+    return ok ? 0 : -1;
+}
+
+typedef struct {
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    uint8_t key[KEY_SIZE];
+    MDB_val v;
+    int rc;
+} getval_ctx;
+
+static int getval_fn(void *vc)
+{
+    getval_ctx *g = vc;
+    MDB_val k = {KEY_SIZE, g->key};
+    g->rc = mdb_get(g->txn, g->dbi, &k, &g->v); /* walks B-tree pages only: the value is not read */
+    return 0;
+}
+
+#define COPY_PIECE ((size_t)256 << 10) /* fits L2 with room: the caller hashes it while it is there */
+
+static int copy_record(kvz_store_read *r, MDB_dbi dbi, int prefix, const uint8_t hash[16], uint32_t index,
+                       void *dst, size_t cap, size_t *len, kvz_store_piece_fn piece, void *user)
+{
+    if (!r || !hash || !len || (cap && !dst)) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    *len = 0;
+    getval_ctx g;
+    memset(&g, 0, sizeof g);
+    g.txn = r->txn;
+    g.dbi = dbi;
+    make_key(g.key, hash, index);
+    char hx[33], what[400];
+    hex16(hash, hx);
+    const int of_doc = !prefix && r->have_doc && !memcmp(r->doc_hash, hash, 16);
+    if (of_doc) snprintf(what, sizeof what, "document '" ID_FMT "' (blob %s, layer %u record)", r->doc_id, hx, index);
+    else snprintf(what, sizeof what, "%s %s, layer %u record", prefix ? "shared prefix" : "blob", hx, index);
+    int sig = 0;
+    if (guarded(getval_fn, &g, &sig) == FAULT_INTERNAL) {
+        char w2[440];
+        snprintf(w2, sizeof w2, "reading %s", what);
+        return fault_err(sig, w2);
+    }
+    if (g.rc == MDB_NOTFOUND) {
+        if (of_doc) return damaged("%s is missing", what);
+        return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: no record %08x of %s %s", index,
+                             prefix ? "shared prefix" : "blob", hx);
+    }
+    if (g.rc) return lmdb_err(g.rc, "read record");
+    *len = g.v.mv_size;
+    if (g.v.mv_size != cap) return 0; /* not the record the caller expects: nothing copied */
+    uint64_t off;
+    if (map_offset(r->s, g.v.mv_data, g.v.mv_size, &off))
+        return kvz_error_set(KVZ_ERR_UNSUPPORTED, "kvz_store: the map of data.mdb is not found in /proc/self/maps");
+    int fd;
+    if (mdb_env_get_fd(r->s->env, &fd)) return kvz_error_set(KVZ_ERR_UNSUPPORTED, "kvz_store: no data file descriptor");
+    size_t done = 0;
+    while (done < cap) {
+        const size_t want = cap - done < COPY_PIECE ? cap - done : COPY_PIECE;
+        const ssize_t got = pread(fd, (uint8_t *)dst + done, want, (off_t)(off + done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return kvz_error_set(KVZ_ERR_IO, "kvz_store: reading %s from data.mdb: %s", what, strerror(errno));
+        if (got == 0) return damaged("%s: data.mdb ends at byte %llu, inside it (the file is shorter than its B-tree says)",
+                                     what, (unsigned long long)(off + done));
+        done += (size_t)got;
+        if (piece) {
+            const int rc = piece(user, done);
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}
+
+int kvz_store_copy_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, void *dst, size_t cap, size_t *len,
+                         kvz_store_piece_fn piece, void *user)
+{
+    if (!r) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    if (l == KVZ_BLOB_META_LAYER) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: bad layer index");
+    return copy_record(r, r->s->blobs, 0, hash, l, dst, cap, len, piece, user);
+}
+
+int kvz_store_copy_prefix(kvz_store_read *r, const uint8_t hash[16], uint32_t l, void *dst, size_t cap,
+                          size_t *len, kvz_store_piece_fn piece, void *user)
+{
+    if (!r || !len) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    if (l == KVZ_BLOB_META_LAYER) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: bad layer index");
+    MDB_dbi dbi;
+    const int err = prefix_dbi(r->s, r->txn, 0, &dbi);
+    if (err < 0) return err;
+    if (err == 1) {
+        char hx[33];
+        hex16(hash, hx);
+        *len = 0;
+        return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: shared prefix %s: no record %08x", hx, l);
+    }
+    return copy_record(r, dbi, 1, hash, l, dst, cap, len, piece, user);
 }

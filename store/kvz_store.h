@@ -258,6 +258,36 @@ int kvz_store_read_meta(kvz_store_read *r, const uint8_t hash[16], const uint8_t
 int kvz_store_read_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l,
                          const uint8_t **rec, size_t *len);
 
+/** Called by kvz_store_copy_layer() after each piece: bytes [0, @p done) of the
+ *  record are in place. A nonzero return stops the copy and is returned. */
+typedef int (*kvz_store_piece_fn)(void *user, size_t done);
+
+/**
+ * LAYER record @p l of @p hash copied into @p dst with pread() from data.mdb, in
+ * pieces of at most 256 KiB (@p piece, may be NULL, runs after each: a reader hashes
+ * each piece while it is still in the CPU cache). No page of the map is touched,
+ * so there are no page faults on the map, and a data file cut short is a short
+ * read (an error), not SIGBUS. For readers that want the bytes in their own
+ * memory (the pipelined loader's pinned staging, ingest/kvz_load.c).
+ * NOTHING IS VERIFIED here: check the copy (kvz_blob_layer_placed(), or
+ * kvz_blob_decode_layer()).
+ * @param cap  the length the caller expects; a record of another length is not
+ *             copied: *len says its length and 0 is returned.
+ * @return 0; KVZ_ERR_NOTFOUND / KVZ_ERR_FORMAT (missing record, as
+ *         kvz_store_read_layer()); KVZ_ERR_FORMAT (data.mdb ends inside the record:
+ *         store damaged); KVZ_ERR_IO; KVZ_ERR_UNSUPPORTED (the map cannot be matched
+ *         to the data file in /proc/self/maps: read through kvz_store_read_layer());
+ *         KVZ_ERR_LMDB; what @p piece returned.
+ */
+int kvz_store_copy_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, void *dst, size_t cap, size_t *len,
+                         kvz_store_piece_fn piece, void *user);
+
+/** kvz_store_copy_layer() for record @p l of the shared prefix blob @p hash
+ *  (kvz_store_read_prefix()'s records). Same results; KVZ_ERR_NOTFOUND when the
+ *  store has no such record. */
+int kvz_store_copy_prefix(kvz_store_read *r, const uint8_t hash[16], uint32_t l, void *dst, size_t cap,
+                          size_t *len, kvz_store_piece_fn piece, void *user);
+
 /**
  * The first document whose id sorts after @p after (NULL or "": the first one), in
  * @p r's snapshot: its id into @p id (NUL-terminated) and its info. One step of a

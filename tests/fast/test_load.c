@@ -29,6 +29,7 @@
 #include "kvz_model.h"
 #include "kvz_quant.h"
 #include "kvz_store.h"
+#include <xxhash.h>
 
 #define NP 5   /* system-prefix tokens */
 #define NC 60  /* context tokens */
@@ -203,6 +204,31 @@ static long diff_cache(const kvz_kv *kv, const doc *d, int L, int H, int hd, int
     return bad;
 }
 
+/* XOR @p x into the middle payload byte of every copy of record @p rec in data.mdb
+ * (LMDB can leave stale copies of pages in the file): how many copies */
+static int flip_in_store(const char *dir, const uint8_t *rec, size_t len, uint8_t x)
+{
+    char path[96];
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    FILE *f = fopen(path, "r+b");
+    if (!f) return 0;
+    fseek(f, 0, SEEK_END);
+    const long fsz = ftell(f);
+    uint8_t *all = malloc((size_t)fsz);
+    int n = 0;
+    if (all && fseek(f, 0, SEEK_SET) == 0 && fread(all, 1, (size_t)fsz, f) == (size_t)fsz)
+        for (long i = 0; i + (long)len <= fsz; i++)
+            if (!memcmp(all + i, rec, len)) {
+                const long at = i + 56 + (long)(len - 56) / 2;
+                uint8_t b = all[at] ^ x;
+                fseek(f, at, SEEK_SET);
+                n += fwrite(&b, 1, 1, f) == 1;
+            }
+    fclose(f);
+    free(all);
+    return n;
+}
+
 static int run(int device)
 {
     kvz_model_opts mo = {.device = device, .n_threads = 2};
@@ -289,6 +315,110 @@ static int run(int device)
         printf("  %s SHARED blob without its prefix: %s (%s)\n", dev, kvz_strerror(rc), kvz_error_detail());
         CHECK(rc == KVZ_ERR_NOTFOUND);
         CHECK(kvz_load_doc(m, st, "orphan", 0, 0, NULL, &kv, &dm) == KVZ_ERR_NOTFOUND && kv == NULL);
+        free_recs(recs, mr, L);
+        free_doc(&d, L);
+    }
+
+    { /* the copy route: codec-none records are copied with pread() and hashed once
+       * (profile counts), the map route gives the same cache; a resealed bad q8 scale
+       * and a byte flipped in data.mdb are still refused */
+        doc d;
+        make_doc(&d, L, H, hd, KVZ_KV_Q8);
+        kvz_blob_meta bm;
+        meta_of(m, KVZ_KV_Q8, KVZ_PREFIX_KEEP, NP, NC, NULL, &bm);
+        const uint8_t h1[16] = {5, 1, (uint8_t)device}, h2[16] = {5, 2, (uint8_t)device};
+        CHECK(put_blob(st, "q8-copy", h1, &bm, &d, 0, NULL, NULL) == 0);
+        kvz_load_profile pf;
+        for (int mo2 = 0; mo2 < 2; mo2++) {
+            kvz_load_opts lo = {.threads = 2, .profile = &pf, .map_only = mo2};
+            int rc = kvz_load_doc(m, st, "q8-copy", 0, 0, &lo, &kv, &dm);
+            CHECKF(rc == 0, "%s q8-copy: %s", dev, kvz_error_detail());
+            if (rc) continue;
+            long bad = diff_cache(kv, &d, L, H, hd, KVZ_KV_Q8, device != KVZ_DEVICE_CPU);
+            printf("  %s q8 %s route: %llu records copied, %llu through the map, %ld mismatches\n", dev,
+                   mo2 ? "map" : "copy", (unsigned long long)pf.records_copied, (unsigned long long)pf.records_mapped,
+                   bad);
+            CHECK(bad == 0 && pf.records_copied == (mo2 ? 0u : (uint64_t)L) &&
+                  pf.records_mapped == (mo2 ? (uint64_t)L : 0u));
+            kvz_kv_free(kv);
+        }
+        /* layer 1, K row 0: a NaN scale, both checksums fixed (the store takes it) */
+        uint8_t *mr = NULL;
+        size_t ml = 0;
+        kvz_store_rec *recs = NULL;
+        meta_of(m, KVZ_KV_Q8, KVZ_PREFIX_KEEP, NP, NC, NULL, &bm);
+        REQUIRE(enc_blob(&bm, &d, 0, &mr, &ml, &recs) == 0);
+        uint32_t kept1 = 0;
+        for (int h = 0; h < H; h++) kept1 += d.counts[H + h];
+        uint8_t *r1 = (uint8_t *)recs[1].data;
+        const size_t n1 = recs[1].len;
+        REQUIRE(r1[7] == KVZ_BLOB_CODEC_NONE);
+        r1[56 + 4 * kept1] = 0x00;
+        r1[57 + 4 * kept1] = 0x7e;
+        uint64_t ph = XXH3_64bits(r1 + 56, n1 - 56);
+        memcpy(r1 + 40, &ph, 8);
+        uint64_t rh = XXH3_64bits_withSeed(r1 + 56, n1 - 56, XXH3_64bits(r1, 48));
+        memcpy(r1 + 48, &rh, 8);
+        kvz_store_doc_info info;
+        memset(&info, 0, sizeof info);
+        kvz_store_rec mrec = {mr, ml};
+        CHECK(kvz_store_put_doc(st, "q8-badscale", h2, &info, &mrec, recs, (uint32_t)L, NULL) == 0);
+        for (int mo2 = 0; mo2 < 2; mo2++) {
+            kvz_load_opts lo = {.threads = 2, .map_only = mo2};
+            kv = NULL;
+            int rc = kvz_load_doc(m, st, "q8-badscale", 0, 0, &lo, &kv, &dm);
+            printf("  %s q8 bad scale (%s route): %s (%s)\n", dev, mo2 ? "map" : "copy", kvz_strerror(rc),
+                   kvz_error_detail());
+            CHECK(rc == KVZ_ERR_FORMAT && kv == NULL && strstr(kvz_error_detail(), "layer 1 K row 0: bad q8 scale"));
+        }
+        /* one payload byte of layer 0 flipped in data.mdb itself (a codec-none record,
+         * then a zstd one: a q8 document whose rows all repeat row 0) */
+        doc z;
+        make_doc(&z, L, H, hd, KVZ_KV_Q8);
+        const size_t rbq = kvz_kv_row_bytes(KVZ_KV_Q8, (size_t)hd);
+        for (int l = 0; l < L; l++)
+            for (size_t i = 1; i < (size_t)H * (NP + NC); i++) {
+                memcpy(z.k[l] + i * rbq, z.k[l], rbq);
+                memcpy(z.v[l] + i * rbq, z.k[l], rbq);
+            }
+        const uint8_t h3[16] = {5, 3, (uint8_t)device};
+        meta_of(m, KVZ_KV_Q8, KVZ_PREFIX_KEEP, NP, NC, NULL, &bm);
+        CHECK(put_blob(st, "q8-zstd", h3, &bm, &z, 0, NULL, NULL) == 0);
+        {
+            kvz_load_opts lo = {.threads = 2, .profile = &pf};
+            int rc = kvz_load_doc(m, st, "q8-zstd", 0, 0, &lo, &kv, &dm);
+            CHECKF(rc == 0, "%s q8-zstd: %s", dev, kvz_error_detail());
+            if (!rc) {
+                long bad = diff_cache(kv, &z, L, H, hd, KVZ_KV_Q8, device != KVZ_DEVICE_CPU);
+                printf("  %s q8 zstd records: %llu copied, %llu zstd, %llu through the map, %ld mismatches\n", dev,
+                       (unsigned long long)pf.records_copied, (unsigned long long)pf.records_zstd,
+                       (unsigned long long)pf.records_mapped, bad);
+                CHECK(bad == 0 && pf.records_zstd == (uint64_t)L && pf.records_copied == 0 && pf.records_mapped == 0);
+                kvz_kv_free(kv);
+            }
+        }
+        uint8_t *zm = NULL;
+        size_t zml = 0;
+        kvz_store_rec *zrecs = NULL;
+        meta_of(m, KVZ_KV_Q8, KVZ_PREFIX_KEEP, NP, NC, NULL, &bm);
+        REQUIRE(enc_blob(&bm, &z, 0, &zm, &zml, &zrecs) == 0);
+        CHECK(zrecs[0].data[7] == KVZ_BLOB_CODEC_ZSTD);
+        const char *fid[2] = {"q8-copy", "q8-zstd"};
+        const kvz_store_rec *frec[2] = {&recs[0], &zrecs[0]};
+        for (int w = 0; w < 2; w++) {
+            const int nf = flip_in_store(dir, frec[w]->data, frec[w]->len, 0x10);
+            CHECKF(nf >= 1, "%s: layer 0 record of %s not found in data.mdb", dev, fid[w]);
+            for (int mo2 = 0; mo2 < 2 && nf; mo2++) {
+                kvz_load_opts lo = {.threads = 2, .map_only = mo2};
+                kv = NULL;
+                int rc = kvz_load_doc(m, st, fid[w], 0, 0, &lo, &kv, &dm);
+                printf("  %s %s: byte flipped in data.mdb (%d copies; %s route): %s (%s)\n", dev, fid[w], nf,
+                       mo2 ? "map" : "copy", kvz_strerror(rc), kvz_error_detail());
+                CHECK(rc == KVZ_ERR_CHECKSUM && kv == NULL && strstr(kvz_error_detail(), "layer record 0"));
+            }
+        }
+        free_recs(zrecs, zm, L);
+        free_doc(&z, L);
         free_recs(recs, mr, L);
         free_doc(&d, L);
     }
