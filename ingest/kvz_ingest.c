@@ -233,21 +233,10 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
     compact = kvz_model_device(m) == KVZ_DEVICE_CUDA;
 #endif
     if (have_prefix) {
-        /* stored prefix rows, then prefill only the context, then the repeat passes */
-        int64_t total = (int64_t)n_ctx, done_tok = 0;
-        for (int32_t t0c = 0; t0c < n_ctx; t0c += o->kp.chunk)
-            total += (n_ctx - t0c < o->kp.chunk ? n_ctx - t0c : o->kp.chunk) + 32;
+        /* stored prefix rows, then prefill only the context and score it */
         if ((rc = load_prefix(st, phash, bm.fingerprint, &pm, kv))) goto free_work;
-        const int32_t step = o->kp.prefill_chunk > 0 ? o->kp.prefill_chunk : 4096;
-        for (int32_t s0 = 0; s0 < n_ctx && !rc; s0 += step) {
-            const int32_t nb = n_ctx - s0 < step ? n_ctx - s0 : step;
-            rc = kvz_forward(m, kv, ctx + s0, nb, n_prefix + s0, NULL, KVZ_FWD_NO_LOGITS, NULL);
-            done_tok += nb;
-            if (!rc && o->progress) rc = o->progress(o->progress_ctx, done_tok, total);
-        }
-        if (!rc)
-            rc = kvz_kvzip_score_chunks(m, kv, n_prefix, ctx, n_ctx, &o->kp, compact ? NULL : scores,
-                                        o->progress, o->progress_ctx, done_tok, total);
+        rc = kvz_kvzip_prefill_score(m, kv, all.ids, n_prefix, n_prefix, ctx, n_ctx, &o->kp,
+                                     compact ? NULL : scores, o->progress, o->progress_ctx);
     } else {
         rc = kvz_kvzip_score(m, kv, all.ids, n_prefix, ctx, n_ctx, &o->kp, compact ? NULL : scores,
                              o->progress, o->progress_ctx);

@@ -19,6 +19,7 @@ void kvz_kvzip_defaults(kvz_kvzip_params *p)
     p->overlap = KVZ_KVZIP_OVERLAP;
     p->prefill_chunk = 4096;
     p->repeat_rows = 8192;
+    p->one_pass = KVZ_KVZIP_ONE_PASS_MAX;
 }
 
 int kvz_kvzip_repeat_input(const kvz_tokenizer *tok, const int32_t *ctx, int32_t n_ctx,
@@ -116,24 +117,73 @@ int kvz_kvzip_score(kvz_model *m, kvz_kv *kv, const int32_t *prefix, int32_t n_p
                     const int32_t *ctx, int32_t n_ctx, const kvz_kvzip_params *p, float *scores,
                     kvz_progress_fn progress, void *progress_ctx)
 {
-    if (n_ctx <= 0 || n_prefix < 0 || p->chunk <= 0 || p->overlap < 0)
+    return kvz_kvzip_prefill_score(m, kv, prefix, n_prefix, 0, ctx, n_ctx, p, scores, progress,
+                                   progress_ctx);
+}
+
+/* CPU, a document of one chunk: [prefix rows not cached ; context ; repeat input] as one
+ * causal pass. The repeat queries see exactly what the second pass of the two-pass
+ * scoring sees (prefix, context, their own earlier rows) at the same positions, and the
+ * probe takes only their rows (q_pos0); the context rows are the prefill's. Then the
+ * repeat rows are dropped. Saves one pass's fixed cost (dequantising every weight tile). */
+static int score_one_pass(kvz_model *m, kvz_kv *kv, const int32_t *prefix, int32_t n_prefix,
+                          int32_t n_cached, const int32_t *ctx, int32_t n_ctx, const kvz_tokens *rin,
+                          float *scores)
+{
+    const kvz_config *c = kvz_model_config(m);
+    const int32_t n_all = n_prefix + n_ctx, n_new = n_all - n_cached, n = n_new + (int32_t)rin->n;
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)n);
+    if (!seq) return KVZ_ERR_NOMEM;
+    memcpy(seq, prefix + n_cached, sizeof(int32_t) * (size_t)(n_prefix - n_cached));
+    memcpy(seq + (n_prefix - n_cached), ctx, sizeof(int32_t) * (size_t)n_ctx);
+    memcpy(seq + n_new, rin->ids, sizeof(int32_t) * rin->n);
+    memset(scores, 0, sizeof(float) * (size_t)c->n_layer * c->n_kv_head * (size_t)n_ctx);
+    const kvz_kv_probe pr = {.n_prefix = n_prefix, .c0 = n_prefix, .c1 = n_all, .rep_row0 = n_all,
+                             .scores = scores, .stride = n_ctx, .off = 0, .q_pos0 = n_all};
+    int rc = kvz_kv_set_probe(kv, &pr);
+    if (!rc) rc = kvz_forward(m, kv, seq, n, n_cached, NULL, KVZ_FWD_NO_LOGITS, NULL);
+    kvz_kv_set_probe(kv, NULL);
+    if (!rc) kvz_kv_truncate(kv, n_all); /* the repeat input's rows */
+    free(seq);
+    return rc;
+}
+
+int kvz_kvzip_prefill_score(kvz_model *m, kvz_kv *kv, const int32_t *prefix, int32_t n_prefix,
+                            int32_t n_cached, const int32_t *ctx, int32_t n_ctx,
+                            const kvz_kvzip_params *p, float *scores, kvz_progress_fn progress,
+                            void *progress_ctx)
+{
+    if (n_ctx <= 0 || n_prefix < 0 || n_cached < 0 || n_cached > n_prefix || p->chunk <= 0 ||
+        p->overlap < 0)
         return kvz_error_set(KVZ_ERR_ARG, "kvzip: bad lengths or parameters");
     const int32_t n_chunks = (n_ctx + p->chunk - 1) / p->chunk;
-    int64_t total = (int64_t)n_prefix + n_ctx, done = 0;
+    const int32_t n_all = n_prefix + n_ctx, step = p->prefill_chunk > 0 ? p->prefill_chunk : 4096;
+    int64_t total = (int64_t)n_all - n_cached, done = 0;
     for (int32_t t = 0; t < n_chunks; t++) {
         int32_t mc = n_ctx - t * p->chunk < p->chunk ? n_ctx - t * p->chunk : p->chunk;
         total += mc + 32;
     }
-    /* prefill prefix + context in bounded passes */
-    int32_t *all = malloc(sizeof(int32_t) * ((size_t)n_prefix + n_ctx));
-    if (!all) return KVZ_ERR_NOMEM;
-    memcpy(all, prefix, sizeof(int32_t) * (size_t)n_prefix);
-    memcpy(all + n_prefix, ctx, sizeof(int32_t) * (size_t)n_ctx);
     int rc = 0;
-    const int32_t n_all = n_prefix + n_ctx, step = p->prefill_chunk > 0 ? p->prefill_chunk : 4096;
-    for (int32_t s = 0; s < n_all && !rc; s += step) {
+    if (p->one_pass > 0 && n_chunks == 1 && scores && kvz_model_device(m) == KVZ_DEVICE_CPU) {
+        const kvz_tokenizer *tok = kvz_model_tokenizer(m);
+        if (!tok) return kvz_error_set(KVZ_ERR_ARG, "kvzip: the model has no tokenizer");
+        kvz_tokens rin = {0};
+        rc = kvz_kvzip_repeat_input(tok, ctx, n_ctx, 0, p, &rin);
+        const int64_t n = (int64_t)(n_all - n_cached) + (int64_t)rin.n;
+        const int fits = !rc && n <= step && n <= p->one_pass;
+        if (fits) rc = score_one_pass(m, kv, prefix, n_prefix, n_cached, ctx, n_ctx, &rin, scores);
+        kvz_tokens_free(&rin);
+        if (rc) return rc;
+        if (fits) return progress ? progress(progress_ctx, total, total) : 0;
+    }
+    /* prefill the rest of the prefix + the context in bounded passes, then score */
+    int32_t *all = malloc(sizeof(int32_t) * ((size_t)n_all - n_cached));
+    if (!all) return KVZ_ERR_NOMEM;
+    memcpy(all, prefix + n_cached, sizeof(int32_t) * (size_t)(n_prefix - n_cached));
+    memcpy(all + (n_prefix - n_cached), ctx, sizeof(int32_t) * (size_t)n_ctx);
+    for (int32_t s = n_cached; s < n_all && !rc; s += step) {
         const int32_t nb = n_all - s < step ? n_all - s : step;
-        rc = kvz_forward(m, kv, all + s, nb, s, NULL, KVZ_FWD_NO_LOGITS, NULL);
+        rc = kvz_forward(m, kv, all + (s - n_cached), nb, s, NULL, KVZ_FWD_NO_LOGITS, NULL);
         done += nb;
         if (!rc && progress) rc = progress(progress_ctx, done, total);
     }

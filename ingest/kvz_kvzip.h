@@ -29,6 +29,7 @@ enum { KVZ_EVICT_GLOBAL = 0, KVZ_EVICT_UNIFORM = 1 };
 
 #define KVZ_KVZIP_CHUNK 2000
 #define KVZ_KVZIP_OVERLAP 8
+#define KVZ_KVZIP_ONE_PASS_MAX 256 /* default kvz_kvzip_params.one_pass (tokens) */
 #define KVZ_REPEAT_FIRST "\n\nRepeat the previous context exactly."
 #define KVZ_REPEAT_NEXT "\n\nRepeat the part of the previous context exactly, starting with "
 
@@ -43,6 +44,15 @@ typedef struct kvz_kvzip_params {
                                 The passes are independent (each chunk's repeat input attends to
                                 the document and to itself only), so this changes speed, not
                                 scores. The CPU backend always runs one chunk per pass. */
+    int32_t one_pass;      /**< CPU: a document of one chunk whose pass [prefix rows not cached ;
+                                context ; repeat input] has at most this many tokens (and at most
+                                prefill_chunk) is prefilled and scored in ONE forward pass
+                                (default KVZ_KVZIP_ONE_PASS_MAX; 0: never, always a prefill pass
+                                and then the repeat pass, the reference). Same queries, keys and
+                                positions either way: the scores differ by rounding only (see
+                                kvz_kvzip_prefill_score). Short documents save one pass's fixed
+                                cost (every weight tile dequantized once more); longer ones gain
+                                nothing and the CPU pass grows costlier per token past ~256. */
 } kvz_kvzip_params;
 
 void kvz_kvzip_defaults(kvz_kvzip_params *p);
@@ -83,6 +93,25 @@ int64_t kvz_kvzip_cache_rows(const kvz_model *m, int32_t n_prefix, int32_t n_ctx
 int kvz_kvzip_score(kvz_model *m, kvz_kv *kv, const int32_t *prefix, int32_t n_prefix,
                     const int32_t *ctx, int32_t n_ctx, const kvz_kvzip_params *p, float *scores,
                     kvz_progress_fn progress, void *progress_ctx);
+
+/**
+ * kvz_kvzip_score when rows [0, @p n_cached) of the prefix are already in @p kv (a
+ * stored prefix loaded into the cache; 0 <= n_cached <= n_prefix, and the cache holds
+ * exactly those rows at positions 0..n_cached-1): prefills the rest of the prefix and
+ * the context, and scores. On the CPU backend, a document of one chunk whose pass fits
+ * p->one_pass tokens runs as one causal pass [prefix rows not cached ; context ; repeat input]
+ * whose probe takes only the repeat queries (kvz_kv_probe.q_pos0); the repeat rows are
+ * then dropped. Those queries attend to the same keys at the same positions as in the
+ * separate repeat pass, so the scores are the same up to rounding: the context rows
+ * come out of a larger batch (and a context of fewer than 16 tokens is computed with
+ * fp32 activations instead of the int8 decode path, runtime/kvz_cpu.c).
+ * Progress total: (n_prefix - n_cached) + n_ctx + Σ (chunk tokens + 32).
+ * @return as kvz_kvzip_score (on error the cache content is unspecified).
+ */
+int kvz_kvzip_prefill_score(kvz_model *m, kvz_kv *kv, const int32_t *prefix, int32_t n_prefix,
+                            int32_t n_cached, const int32_t *ctx, int32_t n_ctx,
+                            const kvz_kvzip_params *p, float *scores, kvz_progress_fn progress,
+                            void *progress_ctx);
 
 /**
  * The scoring half of kvz_kvzip_score: @p kv already holds exactly the prefilled

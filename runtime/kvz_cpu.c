@@ -244,7 +244,7 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
                 const float mx = kvz_max(row, W);
                 const float sum = kvz_exp_sub_sum(row, W, mx);
                 kvz_scale(row, W, 1.0f / sum);
-                if (pr) { /* subset-normalised probabilities of the scored rows */
+                if (pr && qpos >= pr->q_pos0) { /* subset-normalised probabilities of the scored rows */
                     float sub = 0.0f;
                     for (int64_t j = 0; j < pr->n_prefix && j < vis; j++) sub += row[j];
                     for (int64_t j = pr->c0; j < pr->c1 && j < vis; j++) sub += row[j];

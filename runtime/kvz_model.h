@@ -153,7 +153,8 @@ int kvz_kv_get_head(const kvz_kv *kv, int32_t layer, int32_t head, float *k, flo
 
 /**
  * KVzip probe (CPU backend). While set, attention also scores the rows [c0, c1) of
- * every document segment: for each new query i and query head g of KV head h, the
+ * every document segment: for each new query i (at a position >= q_pos0) and query
+ * head g of KV head h, the
  * softmax restricted to the key subset rows [0, n_prefix) ∪ [c0, c1) ∪ [rep_row0, ...)
  * (causal), computed from the full softmax as p_j / Σ_subset p; the maximum over
  * queries and the GQA group is max-accumulated into
@@ -167,6 +168,8 @@ typedef struct kvz_kv_probe {
     int64_t rep_row0;   /**< subset rows from here on (the repeat input), causal */
     float *scores;      /**< output, see above */
     int64_t stride, off;
+    int64_t q_pos0;     /**< only queries at positions >= q_pos0 score (0: every query of the
+                             pass; lets one pass prefill the context and run the repeat input) */
 } kvz_kv_probe;
 /** Set (or clear with NULL) the probe. @return 0, KVZ_ERR_NOMEM, KVZ_ERR_UNSUPPORTED (device cache). */
 int kvz_kv_set_probe(kvz_kv *kv, const kvz_kv_probe *p);
