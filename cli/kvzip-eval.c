@@ -1066,9 +1066,13 @@ static int md_parse_line(md *d, const char *qa_path, const char *root, int line_
         for (int j = 0; j < i; j++) {
             size_t bj = md_split_id(q->docs[j], &pj);
             if (bi == bj && !strncmp(q->docs[i], q->docs[j], bi) && (pi == 0 || pj == 0 || pi == pj)) {
-                md_err_line(qa_path, line_no, "question '%s': document '%s' is named twice ('%s' and '%s')",
-                            cli_escape(q->id), cli_escape(q->docs[i]), cli_escape(q->docs[j]),
-                            cli_escape(q->docs[i]));
+                if (strcmp(q->docs[i], q->docs[j]))
+                    md_err_line(qa_path, line_no, "question '%s': document '%s' is named twice (as '%s' and '%s')",
+                                cli_escape(q->id), cli_escape(pi ? q->docs[j] : q->docs[i]),
+                                cli_escape(q->docs[j]), cli_escape(q->docs[i]));
+                else
+                    md_err_line(qa_path, line_no, "question '%s': document '%s' is named twice",
+                                cli_escape(q->id), cli_escape(q->docs[i]));
                 goto out;
             }
         }
@@ -1283,10 +1287,10 @@ static int md_write_rec(md *d, const md_q *q, int method, double ratio, const kv
     fprintf(f, "{\"id\": ");
     cli_json_str(f, q->id, strlen(q->id));
     fprintf(f, ", \"kind\": \"%s\", \"method\": \"%s\", \"ratio\": %g, \"placement\": \"%s\", "
-            "\"units\": %d, \"q_pos\": %d, \"rows_per_head\": %.1f, \"rows_full_per_head\": %.1f, "
+            "\"units\": %d, \"n_prefix\": %d, \"q_pos\": %d, \"rows_per_head\": %.1f, \"rows_full_per_head\": %.1f, "
             "\"correct\": %s, \"nll\": %.6f, \"compose_s\": %.3f, \"answer_s\": %.3f, \"answer\": ",
             md_kinds[q->kind], md_method_name[method], ratio,
-            cm->placement == KVZ_PLACE_PARALLEL ? "parallel" : "sequential", cm->n_docs, cm->q_pos, rph,
+            cm->placement == KVZ_PLACE_PARALLEL ? "parallel" : "sequential", cm->n_docs, cm->n_prefix, cm->q_pos, rph,
             (double)cm->rows_full / ((double)d->e.c->n_layer * d->e.c->n_kv_head),
             r->correct ? "true" : "false", r->nll, compose_s, answer_s);
     cli_json_str(f, r->answer ? r->answer : "", r->answer ? strlen(r->answer) : 0);
