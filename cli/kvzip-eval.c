@@ -972,6 +972,7 @@ typedef struct md {
     kvz_tokens prefix;
     FILE *out;
     const char *out_path;
+    int need_nl;                /* --out's last line lacks its newline */
 } md;
 
 static void md_err_line(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -1267,7 +1268,11 @@ static int md_load_out(md *d, const char *header)
             }
         }
         json_decref(o);
-        if (!nl) { good = len; break; }
+        if (!nl) { /* a whole record without its newline (an edited file): end the line first */
+            good = len;
+            d->need_nl = 1;
+            break;
+        }
         good = (size_t)(nl + 1 - text);
         p = nl + 1;
     }
@@ -1842,6 +1847,7 @@ static int md_main(int argc, char **argv)
         return EXIT_FAIL;
     }
     if (fresh) fprintf(d.out, "%s\n", header);
+    else if (d.need_nl) fputc('\n', d.out);
     fflush(d.out);
     scratch s = {.logits = malloc(sizeof(float) * (size_t)max_seq * d.e.c->n_vocab),
                  .seq = malloc(sizeof(int32_t) * (size_t)max_seq)};
