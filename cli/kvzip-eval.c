@@ -1595,6 +1595,25 @@ static void md_usage(void)
         "1 other errors.\n");
 }
 
+/* --ratios LIST: comma-separated, each in (0, 1], none twice (usage error otherwise). */
+static void parse_ratios(const char *list, double **ratios, int *n)
+{
+    char *dup = strdup(list), *save = NULL;
+    if (!dup) { cli_error(KVZ_ERR_NOMEM, "--ratios"); exit(EXIT_FAIL); }
+    for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        const double r = cli_parse_double("--ratios", t, 0.0, 1.0);
+        if (r <= 0.0) cli_usage_error("--ratios: %s is not in (0, 1]", t);
+        for (int k = 0; k < *n; k++)
+            if ((*ratios)[k] == r) cli_usage_error("--ratios: %s given twice", t);
+        double *nr = realloc(*ratios, sizeof(double) * (size_t)(*n + 1));
+        if (!nr) { cli_error(KVZ_ERR_NOMEM, "--ratios"); exit(EXIT_FAIL); }
+        *ratios = nr;
+        (*ratios)[(*n)++] = r;
+    }
+    free(dup);
+    if (*n == 0) cli_usage_error("--ratios is empty");
+}
+
 static int md_main(int argc, char **argv)
 {
     md d;
@@ -1631,19 +1650,9 @@ static int md_main(int argc, char **argv)
     d.e.max_tokens = (int)max_tokens;
     d.e.quiet = quiet;
     d.key_scale = (float)key_scale;
+    parse_ratios(ratios_s, &d.ratios, &d.nr);
     {
-        char *dup = strdup(ratios_s), *save = NULL;
-        for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            double r = cli_parse_double("--ratios", t, 0.0, 1.0);
-            if (r <= 0.0) cli_usage_error("--ratios: %s is not in (0, 1]", t);
-            for (int k = 0; k < d.nr; k++)
-                if (d.ratios[k] == r) cli_usage_error("--ratios: %s given twice", t);
-            d.ratios = realloc(d.ratios, sizeof(double) * (size_t)(d.nr + 1));
-            d.ratios[d.nr++] = r;
-        }
-        free(dup);
-        if (d.nr == 0) cli_usage_error("--ratios is empty");
-        dup = strdup(methods_s);
+        char *dup = strdup(methods_s), *save = NULL;
         for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             int m = -1;
             for (int k = 0; k < MD_N_METHOD; k++)
@@ -1913,20 +1922,7 @@ int main(int argc, char **argv)
 
     eval e = {.max_tokens = (int)max_tokens, .seed = (uint64_t)seed, .quiet = quiet,
               .tty = isatty(2), .kv_dtype = kv_dtype};
-    /* ratios */
-    {
-        char *dup = strdup(ratios_s), *save = NULL;
-        for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            double r = cli_parse_double("--ratios", t, 0.0, 1.0);
-            if (r <= 0.0) cli_usage_error("--ratios: %s is not in (0, 1]", t);
-            for (int k = 0; k < e.nr; k++)
-                if (e.ratios[k] == r) cli_usage_error("--ratios: %s given twice", t);
-            e.ratios = realloc(e.ratios, sizeof(double) * (size_t)(e.nr + 1));
-            e.ratios[e.nr++] = r;
-        }
-        free(dup);
-        if (e.nr == 0) cli_usage_error("--ratios is empty");
-    }
+    parse_ratios(ratios_s, &e.ratios, &e.nr);
     e.use[M_KVZIP] = 1;
     if (strcmp(baselines_s, "none")) {
         char *dup = strdup(baselines_s), *save = NULL;
