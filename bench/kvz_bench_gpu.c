@@ -384,6 +384,231 @@ static void io_bounds(double *memcpy_bw, double *memcpy_mt_bw, double *h2d_bw)
     cudaFree(d);
 }
 
+/* ---- host-side bounds of the load path: what the page cache gives, without the loader.
+ * The store's data.mdb (just written, so in the page cache) is read in 16 MiB chunks
+ * (about one layer record of the 32K document), each claimed by the next free thread,
+ * in 256 KiB pieces as kvz_store_copy_layer reads them:
+ *  pread  - pread() into pinned memory;
+ *  +hash  - the same, each piece hashed with XXH3 after it arrives (the loader's check);
+ *  map    - memcpy out of a MAP_POPULATE'd read-only mapping into pinned memory;
+ *  to GPU - pread + hash into 32 MiB pinned slots, each slot sent by cudaMemcpyAsync on
+ *           one stream as soon as it is full, the slot reused after its copy: the copy
+ *           route of the loader with no blob logic, its end-to-end bound.
+ * Then the route without a host copy: cudaHostRegister of the mapping (read-only), the
+ * registration's cost per GB, and the H2D bandwidth straight from the page cache. */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include "kvz_xxh3.h"
+
+#define HIO_CHUNK ((size_t)16 << 20)
+#define HIO_PIECE ((size_t)256 << 10)
+#define HIO_SLOT ((size_t)32 << 20)
+#define HIO_NSLOT 16
+
+typedef struct hio {
+    int fd, mode; /* 0 pread, 1 pread + hash, 2 map memcpy, 3 to GPU */
+    const char *map;
+    char *dst;    /* pinned, bytes long (modes 0-2) */
+    size_t bytes;
+    atomic_size_t next;
+    /* mode 3 */
+    char *slot[HIO_NSLOT];
+    void *dev;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int free_slot[HIO_NSLOT], nfree;
+    int full[HIO_NSLOT], nfull; /* slot index, FIFO */
+    size_t full_off[HIO_NSLOT], full_len[HIO_NSLOT];
+    int writers_left;
+    uint64_t sink;
+} hio;
+
+static void hio_fill(hio *h, char *dst, size_t off, size_t len)
+{
+    kvz_xxh3 x;
+    if (h->mode) kvz_xxh3_reset(&x, 1);
+    for (size_t p = 0; p < len; p += HIO_PIECE) {
+        const size_t n = len - p < HIO_PIECE ? len - p : HIO_PIECE;
+        if (h->mode == 2) memcpy(dst + p, h->map + off + p, n);
+        else if (pread(h->fd, dst + p, n, (off_t)(off + p)) != (ssize_t)n) DIE("hostio: short pread");
+        if (h->mode == 1 || h->mode == 3) kvz_xxh3_update(&x, dst + p, n);
+    }
+    if (h->mode == 1 || h->mode == 3) __atomic_fetch_add(&h->sink, kvz_xxh3_digest(&x), __ATOMIC_RELAXED);
+}
+
+static void *hio_worker(void *arg)
+{
+    hio *h = arg;
+    for (;;) {
+        const size_t off = atomic_fetch_add(&h->next, h->mode == 3 ? HIO_SLOT : HIO_CHUNK);
+        if (off >= h->bytes) break;
+        const size_t cap = h->mode == 3 ? HIO_SLOT : HIO_CHUNK;
+        const size_t len = h->bytes - off < cap ? h->bytes - off : cap;
+        if (h->mode != 3) { hio_fill(h, h->dst + off, off, len); continue; }
+        pthread_mutex_lock(&h->mu);
+        while (!h->nfree) pthread_cond_wait(&h->cv, &h->mu);
+        const int s = h->free_slot[--h->nfree];
+        pthread_mutex_unlock(&h->mu);
+        hio_fill(h, h->slot[s], off, len);
+        pthread_mutex_lock(&h->mu);
+        h->full[h->nfull] = s; h->full_off[h->nfull] = off; h->full_len[h->nfull] = len; h->nfull++;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+    }
+    if (h->mode == 3) {
+        pthread_mutex_lock(&h->mu);
+        h->writers_left--;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+    }
+    return NULL;
+}
+
+/* mode 3's upload side, on the calling thread: send full slots in arrival order */
+static void hio_upload(hio *h, cudaStream_t st)
+{
+    cudaEvent_t ev[HIO_NSLOT];
+    int inflight[HIO_NSLOT], ninf = 0;
+    for (int i = 0; i < HIO_NSLOT; i++) CU(cudaEventCreateWithFlags(&ev[i], cudaEventDisableTiming));
+    for (;;) {
+        pthread_mutex_lock(&h->mu);
+        while (!h->nfull && h->writers_left) {
+            if (ninf) break;
+            pthread_cond_wait(&h->cv, &h->mu);
+        }
+        int s = -1; size_t off = 0, len = 0;
+        if (h->nfull) {
+            s = h->full[0]; off = h->full_off[0]; len = h->full_len[0];
+            h->nfull--;
+            memmove(h->full, h->full + 1, sizeof(int) * (size_t)h->nfull);
+            memmove(h->full_off, h->full_off + 1, sizeof(size_t) * (size_t)h->nfull);
+            memmove(h->full_len, h->full_len + 1, sizeof(size_t) * (size_t)h->nfull);
+        }
+        const int done = !h->nfull && !h->writers_left && s < 0;
+        pthread_mutex_unlock(&h->mu);
+        if (s >= 0) {
+            CU(cudaMemcpyAsync((char *)h->dev + (off % ((size_t)1 << 30)), h->slot[s], len, cudaMemcpyHostToDevice, st));
+            CU(cudaEventRecord(ev[s], st));
+            inflight[ninf++] = s;
+        }
+        /* give back every slot whose copy has finished */
+        for (int i = 0; i < ninf;) {
+            cudaError_t q = s < 0 ? cudaEventSynchronize(ev[inflight[i]]) : cudaEventQuery(ev[inflight[i]]);
+            if (q == cudaErrorNotReady) { i++; continue; }
+            CU(q);
+            pthread_mutex_lock(&h->mu);
+            h->free_slot[h->nfree++] = inflight[i];
+            pthread_cond_broadcast(&h->cv);
+            pthread_mutex_unlock(&h->mu);
+            inflight[i] = inflight[--ninf];
+        }
+        if (done && !ninf) break;
+    }
+    for (int i = 0; i < HIO_NSLOT; i++) cudaEventDestroy(ev[i]);
+}
+
+static double hio_run(hio *h, int mode, int nt, cudaStream_t st)
+{
+    pthread_t th[64];
+    h->mode = mode;
+    atomic_store(&h->next, 0);
+    if (mode == 3) {
+        h->nfree = HIO_NSLOT; h->nfull = 0; h->writers_left = nt;
+        for (int i = 0; i < HIO_NSLOT; i++) h->free_slot[i] = i;
+    }
+    double t0 = sync_now();
+    for (int i = 0; i < nt; i++)
+        if (pthread_create(&th[i], NULL, hio_worker, h)) DIE("hostio: pthread_create");
+    if (mode == 3) hio_upload(h, st);
+    for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
+    return sync_now() - t0;
+}
+
+static void host_io_bounds(const char *dir, double h2d)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/data.mdb", dir);
+    hio h;
+    memset(&h, 0, sizeof h);
+    h.fd = open(path, O_RDONLY);
+    struct stat sb;
+    if (h.fd < 0 || fstat(h.fd, &sb)) DIE("hostio: %s", path);
+    h.bytes = (size_t)sb.st_size & ~(HIO_PIECE - 1);
+    if (h.bytes > ((size_t)2 << 30)) h.bytes = (size_t)2 << 30;
+    h.map = mmap(NULL, h.bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, h.fd, 0);
+    if (h.map == MAP_FAILED) DIE("hostio: mmap");
+    CU(cudaHostAlloc((void **)&h.dst, h.bytes, cudaHostAllocDefault));
+    memset(h.dst, 0, h.bytes);
+    for (int i = 0; i < HIO_NSLOT; i++) {
+        CU(cudaHostAlloc((void **)&h.slot[i], HIO_SLOT, cudaHostAllocDefault));
+        memset(h.slot[i], 0, HIO_SLOT);
+    }
+    CU(cudaMalloc(&h.dev, (size_t)1 << 30));
+    pthread_mutex_init(&h.mu, NULL);
+    pthread_cond_init(&h.cv, NULL);
+    cudaStream_t st;
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    { /* page the whole file in once */
+        uint64_t x = 0;
+        for (size_t o = 0; o < h.bytes; o += 4096) x += (unsigned char)h.map[o];
+        h.sink += x;
+    }
+    printf("\nhost-side bounds of the load path (data.mdb of this store, %.2f GB, page cache; 16 MiB chunks, "
+           "256 KiB pieces; GB/s of file bytes, best of 3):\n\n| threads | pread -> pinned | pread + XXH3 -> pinned | "
+           "map memcpy -> pinned | pread + XXH3 -> 32 MiB pinned slots -> H2D (the copy route's bound) | %% of H2D |\n"
+           "|---|---|---|---|---|---|\n", h.bytes / 1e9);
+    const int nts[6] = {1, 2, 4, 8, 12, 16};
+    for (int k = 0; k < 6; k++) {
+        double bw[4];
+        for (int mode = 0; mode < 4; mode++) {
+            double best = 1e30;
+            for (int rep = 0; rep < 3; rep++) {
+                double t = hio_run(&h, mode, nts[k], st);
+                best = t < best ? t : best;
+            }
+            bw[mode] = h.bytes / best / 1e9;
+        }
+        printf("| %d | %.1f | %.1f | %.1f | %.1f | %.0f%% |\n", nts[k], bw[0], bw[1], bw[2], bw[3],
+               100 * bw[3] / (h2d / 1e9));
+        fflush(stdout);
+    }
+    /* no host copy: pin the page cache itself */
+    double t0 = kvz_now();
+    cudaError_t e = cudaHostRegister((void *)h.map, h.bytes, cudaHostRegisterReadOnly);
+    const double treg = kvz_now() - t0;
+    if (e != cudaSuccess) {
+        printf("\ncudaHostRegister of the read-only map: %s (route not available here)\n", cudaGetErrorString(e));
+        cudaGetLastError();
+    } else {
+        double best = 1e30;
+        const size_t n = h.bytes < ((size_t)1 << 30) ? h.bytes : (size_t)1 << 30;
+        for (int rep = 0; rep < 5; rep++) {
+            double t1 = sync_now();
+            CU(cudaMemcpyAsync(h.dev, h.map, n, cudaMemcpyHostToDevice, st));
+            CU(cudaStreamSynchronize(st));
+            double t = sync_now() - t1;
+            best = t < best ? t : best;
+        }
+        t0 = kvz_now();
+        CU(cudaHostUnregister((void *)h.map));
+        const double tun = kvz_now() - t0;
+        printf("\ncudaHostRegister of the read-only map: %.3f s for %.2f GB (%.2f s/GB), unregister %.3f s; "
+               "H2D straight from the registered page cache %.1f GB/s (%.0f%% of H2D)\n", treg, h.bytes / 1e9,
+               treg / (h.bytes / 1e9), tun, n / best / 1e9, 100 * n / best / h2d);
+    }
+    printf("(checksum sink %llx)\n", (unsigned long long)h.sink);
+    cudaStreamDestroy(st);
+    cudaFree(h.dev);
+    for (int i = 0; i < HIO_NSLOT; i++) cudaFreeHost(h.slot[i]);
+    cudaFreeHost(h.dst);
+    munmap((void *)h.map, h.bytes);
+    close(h.fd);
+    fflush(stdout);
+}
+
 /* question + first answer token on a document cache: kvz_generate with one token, as
  * kvzip-query does it (seconds) */
 static double first_token(kvz_model *m, kvz_kv *kv, const kvz_tokens *q, int32_t n_doc)
@@ -543,6 +768,7 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
             fflush(stdout);
         }
     }
+    host_io_bounds(dir, h2d);
     printf("\n| tokens | stored | ingest s | old load s | load s (cold) | load s | first token s | load + first ÷ re-prefill + first (re-prefill s) | 2nd question: cache get + first token s | ÷ re-prefill | kept K/V stored GB | load GB/s stored (bf16 in HBM) | %% of H2D bound (%.1f GB/s) |\n", h2d / 1e9);
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < nr; i++) {
