@@ -4,8 +4,10 @@
 #include "kvz_error.h"
 #include "kvz_kvrow.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 #include <zstd.h>
@@ -275,20 +277,49 @@ static int encode_record(unsigned version, uint8_t kind, uint32_t layer, uint64_
         err = kvz_error_set(KVZ_ERR_ZSTD, "kvz_blob: zstd setup: %s", ZSTD_getErrorName(zr));
         goto done;
     }
+    /* Version 2 LAYER records over one frame's worth of raw bytes are written as
+     * independent frames of KVZ_BLOB_ZSTD_FRAME_RAW raw bytes each (codec zstd-frames),
+     * so a reader can decode them on several threads; anything else is one frame. */
+    const int framed = version >= 2 && kind == KVZ_BLOB_KIND_LAYER && raw > KVZ_BLOB_ZSTD_FRAME_RAW;
+    uint64_t frame_left = framed ? KVZ_BLOB_ZSTD_FRAME_RAW : raw, done_raw = 0;
+    if (framed && ZSTD_isError(zr = ZSTD_CCtx_setPledgedSrcSize(cc, frame_left))) {
+        err = kvz_error_set(KVZ_ERR_ZSTD, "kvz_blob: zstd setup: %s", ZSTD_getErrorName(zr));
+        goto done;
+    }
     XXH3_64bits_reset(hs);
     for (size_t i = 0; i <= n_pieces; i++) {
-        int last = i == n_pieces;
-        ZSTD_inBuffer ib = {last ? NULL : pieces[i].p, last ? 0 : pieces[i].n, 0};
-        if (!last && ib.size) XXH3_64bits_update(hs, ib.src, ib.size);
-        for (;;) {
-            zr = ZSTD_compressStream2(cc, &ob, &ib, last ? ZSTD_e_end : ZSTD_e_continue);
-            if (ZSTD_isError(zr)) {
-                err = kvz_error_set(KVZ_ERR_ZSTD, "kvz_blob: zstd compress: %s", ZSTD_getErrorName(zr));
-                goto done;
+        const int last = i == n_pieces;
+        const uint8_t *src = last ? NULL : pieces[i].p;
+        size_t n = last ? 0 : pieces[i].n;
+        if (n) XXH3_64bits_update(hs, src, n);
+        else if (!last) continue;
+        if (last && raw) break; /* every frame, the last too, ended with its final byte */
+        do { /* the bytes of this piece that belong to the current frame */
+            const size_t take = n < frame_left ? n : (size_t)frame_left;
+            const int end = (take == frame_left && raw) || last; /* raw 0: one empty frame */
+            ZSTD_inBuffer ib = {src, take, 0};
+            for (;;) {
+                zr = ZSTD_compressStream2(cc, &ob, &ib, end ? ZSTD_e_end : ZSTD_e_continue);
+                if (ZSTD_isError(zr)) {
+                    err = kvz_error_set(KVZ_ERR_ZSTD, "kvz_blob: zstd compress: %s", ZSTD_getErrorName(zr));
+                    goto done;
+                }
+                if (end ? zr == 0 : ib.pos == ib.size) break;
             }
-            if (last ? zr == 0 : ib.pos == ib.size) break;
-        }
+            src += take;
+            n -= take;
+            frame_left -= take;
+            done_raw += take;
+            if (!frame_left && done_raw < raw) { /* the next frame */
+                frame_left = raw - done_raw < KVZ_BLOB_ZSTD_FRAME_RAW ? raw - done_raw : KVZ_BLOB_ZSTD_FRAME_RAW;
+                if (ZSTD_isError(zr = ZSTD_CCtx_setPledgedSrcSize(cc, frame_left))) {
+                    err = kvz_error_set(KVZ_ERR_ZSTD, "kvz_blob: zstd setup: %s", ZSTD_getErrorName(zr));
+                    goto done;
+                }
+            }
+        } while (n);
     }
+    if (framed) codec = KVZ_BLOB_CODEC_ZSTD_FRAMES;
     /* zstd only where it pays: more than KVZ_BLOB_ZSTD_MIN_SAVING_PCT % smaller */
     if (version >= 2 && (uint64_t)ob.pos * 100 >= raw * (100 - KVZ_BLOB_ZSTD_MIN_SAVING_PCT)) {
 raw_payload:
@@ -440,8 +471,10 @@ static int check_rec(const uint8_t *rec, size_t len, kvz_blob_info *info, const 
     if (kind != KVZ_BLOB_KIND_META && kind != KVZ_BLOB_KIND_LAYER)
         return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: unknown record kind %u", kind);
     const uint8_t codec = rec[H_CODEC];
-    if (codec != KVZ_BLOB_CODEC_ZSTD && (ver < 2 || codec != KVZ_BLOB_CODEC_NONE))
-        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: unknown codec %u for version %u", codec, ver);
+    if (codec != KVZ_BLOB_CODEC_ZSTD &&
+        (ver < 2 || (codec != KVZ_BLOB_CODEC_NONE && (codec != KVZ_BLOB_CODEC_ZSTD_FRAMES || kind != KVZ_BLOB_KIND_LAYER))))
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: unknown codec %u for version %u%s", codec, ver,
+                             codec == KVZ_BLOB_CODEC_ZSTD_FRAMES && ver >= 2 ? " in a META record" : "");
     if (codec == KVZ_BLOB_CODEC_NONE && get64(rec + H_RAW_SIZE) != comp)
         return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: codec none with %llu stored bytes for a "
                              "%llu-byte payload", (unsigned long long)comp,
@@ -625,6 +658,152 @@ int kvz_blob_decode_layer_hashed(const kvz_blob_meta *m, uint32_t l, const uint8
     return decode_layer(m, l, rec, len, &rec_hash, pos, k, v);
 }
 
+typedef struct { void *p; size_t n; } outseg;
+
+/* One frame of a zstd-frames payload: where it lies and where its bytes go. */
+typedef struct { size_t off, len, raw_off, raw_len; } frame_at;
+
+typedef struct {
+    const uint8_t *comp;
+    const frame_at *fr;
+    size_t nfr;
+    uint8_t *dst;          /* contiguous output (positions || K || V) */
+    pthread_mutex_t mu;
+    size_t next;           /* next frame to take */
+    size_t bad;            /* first frame that failed (nfr: none) */
+    const char *why;
+} frames_job;
+
+static void *frames_worker(void *arg)
+{
+    frames_job *j = arg;
+    ZSTD_DCtx *dc = ZSTD_createDCtx();
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        const size_t i = j->bad < j->nfr ? j->nfr : j->next++;
+        if (!dc && i < j->nfr && i < j->bad) { j->bad = i; j->why = "out of memory"; }
+        pthread_mutex_unlock(&j->mu);
+        if (i >= j->nfr || !dc) break;
+        const frame_at *f = &j->fr[i];
+        const size_t got = ZSTD_decompressDCtx(dc, j->dst + f->raw_off, f->raw_len, j->comp + f->off, f->len);
+        if (ZSTD_isError(got) || got != f->raw_len) {
+            pthread_mutex_lock(&j->mu);
+            if (i < j->bad) {
+                j->bad = i;
+                j->why = ZSTD_isError(got) ? ZSTD_getErrorName(got) : "shorter than its content size";
+            }
+            pthread_mutex_unlock(&j->mu);
+        }
+    }
+    ZSTD_freeDCtx(dc);
+    return NULL;
+}
+
+/* Payload bytes [raw_off, raw_off + n) of @p src into the three output segments. */
+static void scatter(const outseg *seg, size_t raw_off, const uint8_t *src, size_t n)
+{
+    size_t base = 0;
+    for (int s = 0; s < 3 && n; s++) {
+        if (raw_off < base + seg[s].n) {
+            const size_t o = raw_off - base, take = seg[s].n - o < n ? seg[s].n - o : n;
+            memcpy((uint8_t *)seg[s].p + o, src, take);
+            src += take;
+            n -= take;
+            raw_off += take;
+        }
+        base += seg[s].n;
+    }
+}
+
+/* Codec zstd-frames: every frame independent, with its content size:
+ * KVZ_BLOB_ZSTD_FRAME_RAW raw bytes each, the last one the rest, at least two, and
+ * nothing after the last. Checked in full before a byte is decoded. Adjacent
+ * segments (the loader's staging layout) are decoded straight into place on up to
+ * KVZ_BLOB_DECODE_THREADS threads; else one frame at a time through a buffer.
+ * @p raw_xxh3 non-NULL: check the payload checksum. */
+static int decode_frames(uint32_t l, const uint8_t *comp, size_t comp_size, size_t raw_size, const outseg *seg,
+                         const uint64_t *raw_xxh3)
+{
+    const size_t F = KVZ_BLOB_ZSTD_FRAME_RAW;
+    const size_t nfr = raw_size / F + (raw_size % F != 0);
+    if (nfr < 2)
+        return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u: codec zstd-frames for a %zu-byte payload "
+                             "(one frame's worth)", l, raw_size);
+    frame_at *fr = malloc(sizeof *fr * nfr);
+    if (!fr) return kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: decode");
+    int err = 0;
+    size_t off = 0;
+    for (size_t i = 0; i < nfr; i++) {
+        const size_t want = i + 1 < nfr ? F : raw_size - i * F;
+        const size_t fsz = off < comp_size ? ZSTD_findFrameCompressedSize(comp + off, comp_size - off) : 0;
+        if (off >= comp_size || ZSTD_isError(fsz)) {
+            err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u zstd frame %zu of %zu: %s", l, i, nfr,
+                                off >= comp_size ? "missing" : ZSTD_getErrorName(fsz));
+            goto done;
+        }
+        const unsigned long long fcs = ZSTD_getFrameContentSize(comp + off, fsz);
+        if (fcs != want) {
+            err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u zstd frame %zu of %zu holds %s bytes, "
+                                "expected %zu", l, i, nfr, fcs == ZSTD_CONTENTSIZE_UNKNOWN ? "an unknown number of" :
+                                fcs == ZSTD_CONTENTSIZE_ERROR ? "a bad header and" : "another number of", want);
+            goto done;
+        }
+        fr[i] = (frame_at){off, fsz, i * F, want};
+        off += fsz;
+    }
+    if (off != comp_size) {
+        err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u: %zu bytes after the last zstd frame", l,
+                            comp_size - off);
+        goto done;
+    }
+    if ((uint8_t *)seg[0].p + seg[0].n == (uint8_t *)seg[1].p && (uint8_t *)seg[1].p + seg[1].n == (uint8_t *)seg[2].p) {
+        frames_job j = {.comp = comp, .fr = fr, .nfr = nfr, .dst = seg[0].p, .bad = nfr};
+        pthread_mutex_init(&j.mu, NULL);
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        size_t nt = nfr < KVZ_BLOB_DECODE_THREADS ? nfr : KVZ_BLOB_DECODE_THREADS;
+        if (cpus > 0 && nt > (size_t)cpus) nt = (size_t)cpus;
+        pthread_t th[KVZ_BLOB_DECODE_THREADS];
+        size_t started = 0;
+        for (size_t t = 1; t < nt; t++) /* the calling thread is one of them */
+            if (!pthread_create(&th[started], NULL, frames_worker, &j)) started++;
+        frames_worker(&j);
+        for (size_t t = 0; t < started; t++) pthread_join(th[t], NULL);
+        pthread_mutex_destroy(&j.mu);
+        if (j.bad < nfr) {
+            err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u zstd frame %zu of %zu: %s", l, j.bad, nfr, j.why);
+            goto done;
+        }
+        if (raw_xxh3 && XXH3_64bits(seg[0].p, raw_size) != *raw_xxh3)
+            err = kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: layer %u payload checksum mismatch", l);
+        goto done;
+    }
+    {
+        uint8_t *buf = malloc(F);
+        ZSTD_DCtx *dc = ZSTD_createDCtx();
+        XXH3_state_t *hs = XXH3_createState();
+        if (!buf || !dc || !hs) err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_blob: decode");
+        if (hs) XXH3_64bits_reset(hs);
+        for (size_t i = 0; i < nfr && !err; i++) {
+            const size_t got = ZSTD_decompressDCtx(dc, buf, fr[i].raw_len, comp + fr[i].off, fr[i].len);
+            if (ZSTD_isError(got) || got != fr[i].raw_len) {
+                err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u zstd frame %zu of %zu: %s", l, i, nfr,
+                                    ZSTD_isError(got) ? ZSTD_getErrorName(got) : "shorter than its content size");
+                break;
+            }
+            if (raw_xxh3) XXH3_64bits_update(hs, buf, got);
+            scatter(seg, fr[i].raw_off, buf, got);
+        }
+        if (!err && raw_xxh3 && XXH3_64bits_digest(hs) != *raw_xxh3)
+            err = kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: layer %u payload checksum mismatch", l);
+        free(buf);
+        ZSTD_freeDCtx(dc);
+        XXH3_freeState(hs);
+    }
+done:
+    free(fr);
+    return err;
+}
+
 static int decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len, const uint64_t *hashed,
                         uint32_t *pos, void *k, void *v)
 {
@@ -639,7 +818,7 @@ static int decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, 
 
     const uint8_t *comp = rec + KVZ_BLOB_HEADER_SIZE;
     size_t kvb = (size_t)kept * kvz_blob_kv_row_bytes(m);
-    struct { void *p; size_t n; } seg[3] = {{pos, (size_t)kept * 4}, {k, kvb}, {v, kvb}};
+    outseg seg[3] = {{pos, (size_t)kept * 4}, {k, kvb}, {v, kvb}};
     ZSTD_DCtx *dc = NULL;
     XXH3_state_t *hs = NULL;
     if (in.codec == KVZ_BLOB_CODEC_NONE) { /* raw payload (comp_size == raw_size, checked) */
@@ -652,6 +831,11 @@ static int decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, 
             err = kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: layer %u payload checksum mismatch", l);
             goto done;
         }
+        goto placed;
+    }
+    if (in.codec == KVZ_BLOB_CODEC_ZSTD_FRAMES) {
+        err = decode_frames(l, comp, (size_t)in.comp_size, (size_t)in.raw_size, seg, hashed ? NULL : &in.raw_xxh3);
+        if (err) return err;
         goto placed;
     }
     unsigned long long fcs = ZSTD_getFrameContentSize(comp, in.comp_size);

@@ -10,9 +10,11 @@
  *
  *     record = header (56 bytes, little-endian) || payload (comp_size bytes)
  *
- * The payload is one zstd frame (codec zstd) or the raw bytes (codec none,
- * version 2 only): the encoder measures zstd on every record and keeps it only
- * when it saves more than KVZ_BLOB_ZSTD_MIN_SAVING_PCT percent.
+ * The payload is one zstd frame (codec zstd), several independent frames of
+ * KVZ_BLOB_ZSTD_FRAME_RAW raw bytes each (codec zstd-frames: version 2 LAYER
+ * records larger than one frame, decoded on several threads) or the raw bytes
+ * (codec none, version 2 only): the encoder measures zstd on every record and
+ * keeps it only when it saves more than KVZ_BLOB_ZSTD_MIN_SAVING_PCT percent.
  *
  * The header carries the magic "KVZB", the format version, the record kind, the
  * layer index, the blob id (ties each LAYER record to its META record), the
@@ -62,6 +64,8 @@ extern "C" {
 #define KVZ_BLOB_DEFAULT_LEVEL 3        /**< default zstd level */
 #define KVZ_BLOB_LEVEL_NONE (-1)        /**< level argument: codec none, no zstd attempt (v2) */
 #define KVZ_BLOB_ZSTD_MIN_SAVING_PCT 5  /**< zstd kept only if the frame is < 95% of the raw bytes */
+#define KVZ_BLOB_ZSTD_FRAME_RAW (2u << 20) /**< raw bytes per frame of codec zstd-frames */
+#define KVZ_BLOB_DECODE_THREADS 8       /**< most threads one zstd-frames record is decoded on */
 
 /* Reader limits: a header outside them is rejected with KVZ_ERR_FORMAT before
  * anything is allocated. They are far above any real model. */
@@ -74,7 +78,13 @@ extern "C" {
 typedef enum { KVZ_BLOB_KIND_META = 1, KVZ_BLOB_KIND_LAYER = 2 } kvz_blob_kind;
 
 /** Payload codecs (header byte 7). Version 1 knows only zstd. */
-typedef enum { KVZ_BLOB_CODEC_NONE = 0, KVZ_BLOB_CODEC_ZSTD = 1 } kvz_blob_codec;
+typedef enum {
+    KVZ_BLOB_CODEC_NONE = 0,       /**< version 2: the payload itself */
+    KVZ_BLOB_CODEC_ZSTD = 1,       /**< one zstd frame */
+    KVZ_BLOB_CODEC_ZSTD_FRAMES = 2 /**< version 2 LAYER records: 2+ independent zstd frames of
+                                        KVZ_BLOB_ZSTD_FRAME_RAW raw bytes each (the last one the rest),
+                                        each with its content size, decodable in parallel */
+} kvz_blob_codec;
 
 /** Stored KV row types: the numbering of common/kvz_kvdtype.h (f32 4, f16 2, bf16
  *  2 bytes per element; q8/q4 rows with scale blocks, version 2 only, head_dim a

@@ -430,8 +430,14 @@ static void test_v2_bad(void)
     const size_t n1 = b->len[1];
     NEED(b->rec[1][7] == KVZ_BLOB_CODEC_NONE); /* q8 rows do not compress by 5 % */
     uint8_t *r = malloc(n1);
-    /* unknown codec 2 and 255 */
-    for (int cv = 2; cv < 256; cv += 253) {
+    /* codec zstd-frames on a record of one frame's worth */
+    memcpy(r, b->rec[1], n1);
+    r[7] = KVZ_BLOB_CODEC_ZSTD_FRAMES;
+    reseal(r, n1);
+    CHECK(kvz_blob_decode_layer(&m, 0, r, n1, pos, k, v) == KVZ_ERR_FORMAT);
+    CHECK(strstr(kvz_error_detail(), "one frame's worth") != NULL);
+    /* unknown codec 3 and 255 */
+    for (int cv = 3; cv < 256; cv += 252) {
         memcpy(r, b->rec[1], n1);
         r[7] = (uint8_t)cv;
         reseal(r, n1);
@@ -1016,6 +1022,95 @@ static void test_content_hash(void)
     CHECK(memcmp(h1, h2, 16));
 }
 
+/* Codec zstd-frames (version 2 LAYER records over KVZ_BLOB_ZSTD_FRAME_RAW bytes):
+ * independent frames of the stated sizes, decoded exactly into separate arrays and
+ * (on several threads) into one adjacent buffer, hashed or not; damage refused. */
+static void test_frames(void)
+{
+    enum { H = 2, HD = 128, N = 7000 }; /* 2 x 7000 f16 rows: 7.2 MB, 3 frames + a rest */
+    uint32_t counts[H] = {N, N};
+    kvz_blob_meta m = {.n_layer = 1, .n_head = 4, .n_kv_head = H, .head_dim = HD, .dtype = KVZ_DTYPE_F16,
+                       .mode = 0, .prefix_policy = KVZ_PREFIX_NONE, .ratio = 0.5f, .chunk = 2000, .overlap = 8,
+                       .n_prefix = 0, .n_context = 2 * N, .counts = counts};
+    const size_t rb = (size_t)HD * 2, raw = (size_t)H * N * (4 + 2 * rb);
+    uint32_t *pos = malloc(sizeof(uint32_t) * H * N);
+    uint16_t *k = malloc(rb * H * N), *v = malloc(rb * H * N);
+    NEED(pos && k && v);
+    uint32_t x = 12345;
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < N; i++) pos[h * N + i] = (uint32_t)(2 * i + h);
+    for (size_t i = 0; i < (size_t)H * N * HD; i++) { /* f16 values from a small set: zstd saves > 5 % */
+        x = x * 1103515245u + 12345u;
+        k[i] = (uint16_t)(0x3c00 + ((x >> 16) & 0xff));
+        v[i] = (uint16_t)(0xbc00 + ((x >> 8) & 0x3f));
+    }
+    uint8_t *rec = NULL;
+    size_t len = 0;
+    NEED(kvz_blob_encode_layer(&m, 0, pos, k, v, 0, &rec, &len) == 0);
+    CHECK(raw > 3 * (size_t)KVZ_BLOB_ZSTD_FRAME_RAW);
+    CHECK(rec[7] == KVZ_BLOB_CODEC_ZSTD_FRAMES);
+    CHECK(get64(rec + 24) == raw && get64(rec + 32) + KVZ_BLOB_HEADER_SIZE == len && len < raw * 95 / 100);
+    { /* independent frames of FRAME_RAW bytes each, the last one the rest */
+        size_t off = KVZ_BLOB_HEADER_SIZE, nfr = 0, got = 0;
+        while (off < len) {
+            size_t fs = ZSTD_findFrameCompressedSize(rec + off, len - off);
+            NEED(!ZSTD_isError(fs));
+            unsigned long long cs = ZSTD_getFrameContentSize(rec + off, fs);
+            CHECK(cs == (raw - got < KVZ_BLOB_ZSTD_FRAME_RAW ? raw - got : KVZ_BLOB_ZSTD_FRAME_RAW));
+            got += (size_t)cs;
+            off += fs;
+            nfr++;
+        }
+        CHECK(nfr == (raw + KVZ_BLOB_ZSTD_FRAME_RAW - 1) / KVZ_BLOB_ZSTD_FRAME_RAW && got == raw);
+    }
+    /* separate arrays (one frame at a time) and one adjacent buffer (threads) */
+    uint32_t *p2 = malloc(sizeof(uint32_t) * H * N);
+    uint16_t *k2 = malloc(rb * H * N), *v2 = malloc(rb * H * N);
+    uint8_t *adj = malloc(raw);
+    NEED(p2 && k2 && v2 && adj);
+    CHECK(kvz_blob_decode_layer(&m, 0, rec, len, p2, k2, v2) == 0);
+    CHECK(!memcmp(p2, pos, sizeof(uint32_t) * H * N) && !memcmp(k2, k, rb * H * N) && !memcmp(v2, v, rb * H * N));
+    uint8_t *ka = adj + sizeof(uint32_t) * H * N, *va = ka + rb * H * N;
+    CHECK(kvz_blob_decode_layer(&m, 0, rec, len, (uint32_t *)adj, ka, va) == 0);
+    CHECK(!memcmp(adj, pos, sizeof(uint32_t) * H * N) && !memcmp(ka, k, rb * H * N) && !memcmp(va, v, rb * H * N));
+    memset(adj, 0, raw);
+    CHECK(kvz_blob_decode_layer_hashed(&m, 0, rec, len, get64(rec + 48), (uint32_t *)adj, ka, va) == 0);
+    CHECK(!memcmp(adj, pos, sizeof(uint32_t) * H * N) && !memcmp(ka, k, rb * H * N) && !memcmp(va, v, rb * H * N));
+    /* one byte of the second frame's data changed, checksum resealed: refused on both routes */
+    uint8_t *r = malloc(len);
+    NEED(r);
+    memcpy(r, rec, len);
+    size_t f0 = ZSTD_findFrameCompressedSize(r + KVZ_BLOB_HEADER_SIZE, len - KVZ_BLOB_HEADER_SIZE);
+    r[KVZ_BLOB_HEADER_SIZE + f0 + 100] ^= 0x5a;
+    reseal(r, len);
+    int rc1 = kvz_blob_decode_layer(&m, 0, r, len, p2, k2, v2);
+    int rc2 = kvz_blob_decode_layer(&m, 0, r, len, (uint32_t *)adj, ka, va);
+    CHECK(rc1 == KVZ_ERR_FORMAT || rc1 == KVZ_ERR_CHECKSUM);
+    CHECK(rc2 == KVZ_ERR_FORMAT || rc2 == KVZ_ERR_CHECKSUM);
+    /* the same frames under codec zstd (one frame): bytes after it */
+    memcpy(r, rec, len);
+    r[7] = KVZ_BLOB_CODEC_ZSTD;
+    reseal(r, len);
+    CHECK(kvz_blob_decode_layer(&m, 0, r, len, p2, k2, v2) == KVZ_ERR_FORMAT);
+    /* the last frame cut off (sizes in the header fixed): a frame is missing */
+    size_t cut = KVZ_BLOB_HEADER_SIZE, last = 0;
+    while (cut < len) {
+        last = cut;
+        cut += ZSTD_findFrameCompressedSize(rec + cut, len - cut);
+    }
+    memcpy(r, rec, last);
+    put64(r + 32, last - KVZ_BLOB_HEADER_SIZE);
+    reseal(r, last);
+    CHECK(kvz_blob_decode_layer(&m, 0, r, last, (uint32_t *)adj, ka, va) == KVZ_ERR_FORMAT);
+    CHECK(strstr(kvz_error_detail(), "missing") != NULL);
+    /* version 1 never writes or reads it */
+    memcpy(r, rec, len);
+    r[4] = 1;
+    reseal(r, len);
+    CHECK(kvz_blob_decode_layer(&m, 0, r, len, p2, k2, v2) != 0);
+    free(r); free(adj); free(p2); free(k2); free(v2); free(rec); free(pos); free(k); free(v);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--write-golden")) return write_golden(argv[2]);
@@ -1030,5 +1125,6 @@ int main(int argc, char **argv)
     test_kvrow();
     test_v2_golden();
     test_v2_bad();
+    test_frames();
     return kvz_test_summary();
 }
