@@ -5,6 +5,7 @@
 #include "kvz_kvrow.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -660,6 +661,25 @@ int kvz_blob_decode_layer_hashed(const kvz_blob_meta *m, uint32_t l, const uint8
 
 typedef struct { void *p; size_t n; } outseg;
 
+/* Threads that zstd-frames decodes may add, process-wide: as many as the CPUs, so
+ * that many records decoded at once (a loader's workers) do not multiply the
+ * threads; a record decoded alone gets its KVZ_BLOB_DECODE_THREADS. */
+static atomic_long g_spare_threads = -1;
+
+static size_t take_threads(size_t want)
+{
+    long cur = atomic_load(&g_spare_threads);
+    if (cur < 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        if (atomic_compare_exchange_strong(&g_spare_threads, &cur, n > 0 ? n : 1)) cur = n > 0 ? n : 1;
+    }
+    for (;;) {
+        const long take = cur < (long)want ? cur : (long)want;
+        if (take <= 0) return 0;
+        if (atomic_compare_exchange_weak(&g_spare_threads, &cur, cur - take)) return (size_t)take;
+    }
+}
+
 /* One frame of a zstd-frames payload: where it lies and where its bytes go. */
 typedef struct { size_t off, len, raw_off, raw_len; } frame_at;
 
@@ -759,15 +779,14 @@ static int decode_frames(uint32_t l, const uint8_t *comp, size_t comp_size, size
     if ((uint8_t *)seg[0].p + seg[0].n == (uint8_t *)seg[1].p && (uint8_t *)seg[1].p + seg[1].n == (uint8_t *)seg[2].p) {
         frames_job j = {.comp = comp, .fr = fr, .nfr = nfr, .dst = seg[0].p, .bad = nfr};
         pthread_mutex_init(&j.mu, NULL);
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        size_t nt = nfr < KVZ_BLOB_DECODE_THREADS ? nfr : KVZ_BLOB_DECODE_THREADS;
-        if (cpus > 0 && nt > (size_t)cpus) nt = (size_t)cpus;
+        const size_t extra = take_threads((nfr < KVZ_BLOB_DECODE_THREADS ? nfr : KVZ_BLOB_DECODE_THREADS) - 1);
         pthread_t th[KVZ_BLOB_DECODE_THREADS];
         size_t started = 0;
-        for (size_t t = 1; t < nt; t++) /* the calling thread is one of them */
+        for (size_t t = 0; t < extra; t++) /* the calling thread is one more */
             if (!pthread_create(&th[started], NULL, frames_worker, &j)) started++;
         frames_worker(&j);
         for (size_t t = 0; t < started; t++) pthread_join(th[t], NULL);
+        atomic_fetch_add(&g_spare_threads, (long)extra);
         pthread_mutex_destroy(&j.mu);
         if (j.bad < nfr) {
             err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u zstd frame %zu of %zu: %s", l, j.bad, nfr, j.why);

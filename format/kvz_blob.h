@@ -37,7 +37,9 @@
  * continue at position n_prefix + n_context.
  *
  * Threading: every function is reentrant; none keeps global state except the
- * thread-local error detail (kvz_error_detail()). Nothing prints or exits.
+ * thread-local error detail (kvz_error_detail()) and a process-wide count of the
+ * threads zstd-frames decodes may add (at most one per CPU in all). Nothing
+ * prints or exits.
  * Host byte order must be little-endian (checked at compile time).
  */
 #ifndef KVZ_BLOB_H
