@@ -76,6 +76,19 @@ static int expand(kvz_store_read *r, const char *id, char ***v, int32_t *n)
     return 0;
 }
 
+/* The composed cache: @p max_head rows in the fullest head + @p extra free rows. */
+static int create_cache(kvz_model *m, char **v, int32_t nd, uint64_t max_head, int64_t extra, int32_t out_slots,
+                        kvz_kv **kv, kvz_load_profile *prof)
+{
+    const double ta = kvz_now();
+    int rc = kvz_kv_create(m, (int64_t)max_head + extra, out_slots, kv);
+    prof->alloc_s += kvz_now() - ta;
+    if (rc == KVZ_ERR_NOMEM)
+        rc = kvz_error_set(rc, "the composed cache of %d documents ('%s' .. '%s': %llu rows per "
+                           "head at most) does not fit in memory", nd, v[0], v[nd - 1], (unsigned long long)max_head);
+    return rc;
+}
+
 /* Where the records of a composition come from: source src of layer l is the shared
  * prefix blob (src -1, when the documents have one) or document src. */
 typedef struct srcs {
@@ -261,14 +274,16 @@ done:
     return rc;
 }
 
-static int compose_gpu(kvz_model *m, kvz_store *st, kvz_kv *kv, const srcs *q, const uint32_t *skip,
-                       const int64_t *delta, float ks, int want, int map_only, kvz_load_profile *prof)
+/* the device cache (*kvp, created here once the workers run: they only fill pinned
+ * slots, so the allocation overlaps their reads, as in the loader) */
+static int compose_gpu(kvz_model *m, kvz_store *st, kvz_kv **kvp, uint64_t max_head, int64_t extra, int32_t out_slots,
+                       const srcs *q, const uint32_t *skip, const int64_t *delta, float ks, int want, int map_only,
+                       kvz_load_profile *prof)
 {
     const kvz_config *c = kvz_model_config(m);
     gpu_job j;
     memset(&j, 0, sizeof j);
     j.m = m;
-    j.kv = kv;
     j.st = st;
     j.q = *q;
     j.skip = skip;
@@ -303,12 +318,22 @@ static int compose_gpu(kvz_model *m, kvz_store *st, kvz_kv *kv, const srcs *q, c
     kvz_load_sync_init(&j.sy);
     pthread_t th[KVZ_CUDA_LOAD_MAX_SLOTS];
     const int nth = kvz_load_spawn(th, want, gpu_worker, &j);
-    if (nth == 0) rc = kvz_error_set(KVZ_ERR_NOMEM, "composition: cannot start a decode thread");
-    else rc = gpu_upload(&j, ks, q->nd);
+    if (nth == 0) {
+        rc = kvz_error_set(KVZ_ERR_NOMEM, "composition: cannot start a decode thread");
+    } else if ((rc = create_cache(m, q->v, q->nd, max_head, extra, out_slots, kvp, prof))) {
+        pthread_mutex_lock(&j.sy.mu); /* stop the workers; the error is this thread's */
+        j.sy.err = rc;
+        j.sy.detail[0] = 0;
+        pthread_cond_broadcast(&j.sy.cv);
+        pthread_mutex_unlock(&j.sy.mu);
+    } else {
+        j.kv = *kvp; /* read by the upload loop only (this thread) */
+        rc = gpu_upload(&j, ks, q->nd);
+    }
     kvz_load_join(th, nth);
     kvz_cuda_load_finish(m); /* nothing in flight reads the slots after this */
     kvz_load_sync_destroy(&j.sy);
-    if (j.sy.err) rc = kvz_error_set(j.sy.err, "%s", j.sy.detail);
+    if (j.sy.err && j.sy.detail[0]) rc = kvz_error_set(j.sy.err, "%s", j.sy.detail);
     kvz_load_profile_add(prof, &j.prof);
     prof->ready_wait_s += j.prof.ready_wait_s;
     prof->upload_s += j.prof.upload_s;
@@ -627,16 +652,6 @@ int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n
         meta->rows += lt;
     }
     meta->rows_full = (uint64_t)meta->span_seq * nlh;
-    const double ta = kvz_now();
-    rc = kvz_kv_create(m, (int64_t)max_head + extra_rows, out_slots, &kv);
-    prof.alloc_s = kvz_now() - ta;
-    if (rc) {
-        if (rc == KVZ_ERR_NOMEM)
-            rc = kvz_error_set(rc, "the composed cache of %d documents ('%s' .. '%s': %llu rows per "
-                               "head at most) does not fit in memory", nd, v[0], v[nd - 1],
-                               (unsigned long long)max_head);
-        goto out;
-    }
     const float ks = o->key_scale > 0.0f ? o->key_scale : 1.0f;
     kvz_load_opts lo = {.threads = o->threads};
     int want = kvz_load_threads(&lo);
@@ -645,12 +660,14 @@ int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n
     const srcs q = {v, nd, bm, info, P ? &pm : NULL};
 #ifdef KVZ_HAVE_CUDA
     if (kvz_model_device(m) == KVZ_DEVICE_CUDA && !o->host_path) {
-        rc = compose_gpu(m, st, kv, &q, skip, delta, ks, want, o->map_only, &prof);
+        rc = compose_gpu(m, st, &kv, max_head, extra_rows, out_slots, &q, skip, delta, ks, want, o->map_only, &prof);
         goto out;
     }
     if (kvz_model_device(m) == KVZ_DEVICE_CUDA) want = 1; /* kvz_kv_set_layer uploads: the calling thread only */
 #endif
-    rc = compose_host(m, st, kv, &q, skip, delta, total, max_layer, ks, want, o->map_only, &prof);
+    /* the workers place rows in the cache, so it comes first */
+    if (!(rc = create_cache(m, v, nd, max_head, extra_rows, out_slots, &kv, &prof)))
+        rc = compose_host(m, st, kv, &q, skip, delta, total, max_layer, ks, want, o->map_only, &prof);
 out:
     kvz_store_read_end(r);
     kvz_blob_meta_free(&pm);
