@@ -17,14 +17,19 @@
  *   - auto: sequential when n_prefix + sum n_ctx + reserve fits the model's
  *     trained context (n_ctx from the GGUF), else parallel.
  *
- * CPU backend: each layer is decoded once per document straight into one staging
- * buffer at its composed place and handed to kvz_kv_set_layer: the same copies as
- * loading one document (no per-document cache that is then copied again).
- * CUDA backend: as the pipelined loader (kvz_load.h): host workers decompress each
- * (layer, document) record into a pinned slot, the slot is uploaded and converted on
- * the device straight into the composed rows of each head, and one kernel re-rotates
- * the moved keys in HBM at the end (kernels/kvz_rope_shift_cuda.h). Thread safety:
- * one load per model at a time (the pinned slots belong to the model).
+ * Every record is read as the pipelined loader (kvz_load.h) reads it, by the same
+ * routine (ingest/kvz_load_rec.h): a codec-none record copied with pread() from
+ * data.mdb into place and hashed once, a zstd record copied + hashed into scratch and
+ * decompressed into place, the LMDB map only as the fallback (or with map_only).
+ * CPU backend: a pool of workers, one layer each; a worker decodes every source's
+ * record of its layer once, straight into one staging buffer at its composed place,
+ * and hands it to kvz_kv_set_layer: the same copies as loading one document (no
+ * per-document cache that is then copied again).
+ * CUDA backend: as the pipelined loader: host workers read each (layer, document)
+ * record into a pinned slot, the slot is uploaded and converted on the device straight
+ * into the composed rows of each head, and one kernel re-rotates the moved keys in HBM
+ * at the end (kernels/kvz_rope_shift_cuda.h). Thread safety: one load per model at a
+ * time (the pinned slots belong to the model).
  */
 #ifndef KVZ_COMPOSE_H
 #define KVZ_COMPOSE_H
@@ -32,6 +37,7 @@
 #include <stdint.h>
 
 #include "kvz_ingest.h"
+#include "kvz_load.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,7 +56,16 @@ typedef struct kvz_compose_opts {
                               attention temperature 1/key_scale on document tokens; 0 = 1 = off */
     int32_t shift_bias;  /**< tests only: added to Δ_i of every document i >= 1 (0 normally) */
     int32_t host_path;   /**< tests/bench: on the CUDA backend, compose on the host as on the CPU
-                              (fp32 re-rotation, kvz_kv_set_layer) instead of the device path */
+                              (fp32 re-rotation, kvz_kv_set_layer; one thread) instead of the device path */
+    int32_t threads;     /**< record workers; 0 = kvz_load_threads()'s default (the online cores, at most 16) */
+    int32_t map_only;    /**< 1: read every record through the LMDB map, checked and decoded by the
+                              store's reader (kvz_load_opts.map_only: the route before copy reads;
+                              for comparisons) */
+    kvz_load_profile *profile; /**< NULL, or filled with where the time went (kvz_load_profile: worker
+                              fields summed over the workers; convert_s = fp32 decode + re-rotation +
+                              kvz_kv_set_layer on the host route; ready_wait_s / upload_s = the
+                              calling thread on the device route, upload_s includes the re-rotation
+                              launch and the final wait) */
 } kvz_compose_opts;
 
 void kvz_compose_defaults(kvz_compose_opts *o);

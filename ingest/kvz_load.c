@@ -1,6 +1,7 @@
 /* The pipelined loader (kvz_load.h): store -> KV cache with a decode thread pool and,
  * on the CUDA backend, pinned staging slots uploaded while later layers decode. */
 #include "kvz_load.h"
+#include "kvz_load_rec.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -14,7 +15,6 @@
 #include "kvz_kvdtype.h"
 #include "kvz_kvrow.h"
 #include "kvz_store.h"
-#include "kvz_xxh3.h"
 #ifdef KVZ_HAVE_CUDA
 #include "kvz_cuda_loader.h"
 #endif
@@ -45,211 +45,33 @@ typedef struct load_job {
     int map_only;
     int nslot;
     void *slots[16];
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+    kvz_load_sync sy;   /* lock, condition, first error */
     uint32_t next;      /* next layer to claim */
     int free_slot[16];  /* GPU: staging slots no layer holds (any layer takes any slot) */
     int nfree;
     int8_t *slot_of;    /* (n_layer) the slot layer l was decoded into */
     uint8_t *ready;     /* (n_layer) decoded */
-    int err;            /* first error (0: none) */
-    char detail[512];
-    kvz_load_profile prof; /* summed over the workers (mu) */
+    kvz_load_profile prof; /* summed over the workers (sy.mu) */
 } load_job;
 
-/* One record in memory, as a codec-none record lies: header (56 bytes) at X, then
- * u32 positions, K rows, V rows. X puts K on a 16-byte boundary (the load kernel reads
- * f16/bf16/f32 rows 16 bytes at a time). A record copied from the store lies there
- * as it is; a zstd record is decoded to the same positions, K and V offsets. */
-typedef struct rec_at {
-    size_t x;     /* record start */
-    size_t pos;   /* positions */
-    size_t k, v;  /* rows */
-    size_t len;   /* codec-none record bytes */
-    size_t end;   /* x + len */
-} rec_at;
-
-static rec_at place(size_t at, uint64_t kept, size_t rb)
-{
-    rec_at r;
-    r.x = at + (16 - (KVZ_BLOB_HEADER_SIZE + 4 * (size_t)kept) % 16) % 16;
-    r.pos = r.x + KVZ_BLOB_HEADER_SIZE;
-    r.k = r.pos + 4 * (size_t)kept;
-    r.v = r.k + (size_t)kept * rb;
-    r.len = KVZ_BLOB_HEADER_SIZE + (size_t)kept * (4 + 2 * rb);
-    r.end = r.x + r.len;
-    return r;
-}
-
 /* slot layout of layer l: the document's record at 0, the shared prefix's after it */
-static rec_at doc_at(const load_job *j, uint32_t l) { return place(0, kvz_blob_layer_kept(j->bm, l), j->rb); }
-static rec_at pre_at(const load_job *j, uint32_t l)
+static kvz_load_at doc_at(const load_job *j, uint32_t l) { return kvz_load_place(0, kvz_blob_layer_kept(j->bm, l), j->rb); }
+static kvz_load_at pre_at(const load_job *j, uint32_t l)
 {
-    return place(al256(doc_at(j, l).end), kvz_blob_layer_kept(j->pm, l), j->prb);
+    return kvz_load_place(al256(doc_at(j, l).end), kvz_blob_layer_kept(j->pm, l), j->prb);
 }
 static size_t layer_bytes(const load_job *j, uint32_t l) { return j->pm ? pre_at(j, l).end : doc_at(j, l).end; }
 
-static void job_fail(load_job *j, int rc, uint32_t layer)
-{
-    pthread_mutex_lock(&j->mu);
-    if (!j->err) {
-        j->err = rc;
-        if (layer == UINT32_MAX)
-            snprintf(j->detail, sizeof j->detail, "document '%s': %s", j->doc_id, kvz_error_detail());
-        else
-            snprintf(j->detail, sizeof j->detail, "document '%s' layer record %u: %s", j->doc_id, layer,
-                     kvz_error_detail());
-    }
-    pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&j->mu);
-}
-
-/* kvz_store_copy_layer's piece callback: hash the bytes that arrived (the record
- * checksum, seeded from the header) and check the q8/q4 rows that are complete
- * (the same check and message as kvz_blob_decode_layer) */
-typedef struct piece_st {
-    kvz_xxh3 hs;
-    const uint8_t *base;
-    size_t hashed;       /* bytes [0, hashed) hashed (the header: seeded) */
-    int seeded, rows;
-    int dtype;
-    size_t hd, rb, row0, nrows, checked; /* rows at base + row0, [0, checked) checked */
-    uint64_t bad;        /* first bad row (K rows, then V rows), UINT64_MAX: none */
-    double s;
-} piece_st;
-
-static int on_piece(void *u, size_t done)
-{
-    piece_st *p = u;
-    const double t0 = kvz_now();
-    if (!p->seeded && done >= KVZ_BLOB_HEADER_SIZE) {
-        kvz_xxh3_reset(&p->hs, kvz_blob_record_seed(p->base));
-        p->hashed = KVZ_BLOB_HEADER_SIZE;
-        p->seeded = 1;
-        p->rows = p->rows && p->base[7] == KVZ_BLOB_CODEC_NONE; /* header byte 7: codec (unverified yet) */
-    }
-    if (p->seeded && done > p->hashed) {
-        kvz_xxh3_update(&p->hs, p->base + p->hashed, done - p->hashed);
-        p->hashed = done;
-    }
-    if (p->rows && p->bad == UINT64_MAX && done > p->row0) {
-        size_t have = (done - p->row0) / p->rb;
-        if (have > p->nrows) have = p->nrows;
-        uint64_t bad;
-        if (have > p->checked &&
-            kvz_kvrow_check(p->dtype, p->base + p->row0 + p->checked * p->rb, have - p->checked, p->hd, &bad))
-            p->bad = p->checked + bad;
-        p->checked = have;
-    }
-    p->s += kvz_now() - t0;
-    return 0;
-}
-
-/* Record l of blob @p m (@p prefix: the shared prefix blob) into @p dst laid out as
- * @p at says, verified as kvz_blob_decode_layer() verifies it: copied + hashed once
- * (q8/q4 rows checked as they arrive) when it is a codec-none record of the expected
- * length, else read through the map and decoded. */
-typedef struct worker {
-    uint8_t *scratch; /* a zstd record */
-    size_t scratch_n;
-} worker;
-
-static int fetch(load_job *j, kvz_store_read *r, kvz_load_profile *pf, worker *w, int prefix, uint32_t l,
-                 uint8_t *dst, rec_at at)
-{
-    const kvz_blob_meta *m = prefix ? j->pm : j->bm;
-    const uint8_t *hash = prefix ? j->pm_hash : j->hash;
-    const uint64_t kept = kvz_blob_layer_kept(m, l);
-    const size_t rb = prefix ? j->prb : j->rb;
-    int rc = KVZ_ERR_UNSUPPORTED;
-    size_t len = 0;
-    if (!j->map_only) {
-        piece_st ps;
-        memset(&ps, 0, sizeof ps);
-        ps.base = dst + at.x;
-        ps.rows = m->dtype == KVZ_KV_Q8 || m->dtype == KVZ_KV_Q4;
-        ps.dtype = m->dtype;
-        ps.hd = m->head_dim;
-        ps.rb = rb;
-        ps.row0 = at.k - at.x;
-        ps.nrows = 2 * (size_t)kept;
-        ps.bad = UINT64_MAX;
-        double t0 = kvz_now();
-        rc = prefix ? kvz_store_copy_prefix(r, hash, l, dst + at.x, at.len, &len, on_piece, &ps)
-                    : kvz_store_copy_layer(r, hash, l, dst + at.x, at.len, &len, on_piece, &ps);
-        const double t1 = kvz_now();
-        pf->copy_s += t1 - t0 - ps.s;
-        pf->hash_s += ps.s;
-        if (!rc && len == at.len) {
-            rc = kvz_blob_layer_placed(m, l, dst + at.x, len, kvz_xxh3_digest(&ps.hs));
-            pf->check_s += kvz_now() - t1;
-            if (!rc && ps.bad != UINT64_MAX) {
-                const int isv = ps.bad >= kept;
-                rc = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u %s row %llu: bad %s scale block (NaN, Inf or "
-                                   "negative scale, or q8 value -128)", l, isv ? "V" : "K",
-                                   (unsigned long long)(isv ? ps.bad - kept : ps.bad), kvz_kv_dtype_name(m->dtype));
-            }
-            if (rc != KVZ_ERR_UNSUPPORTED) { /* UNSUPPORTED: a zstd record of that length */
-                pf->records_copied++;
-                pf->bytes += len;
-                return rc;
-            }
-        } else if (!rc && (len > at.len || len < KVZ_BLOB_HEADER_SIZE)) {
-            rc = KVZ_ERR_UNSUPPORTED; /* not what codec none or zstd gives (damaged, or a v1 record zstd grew): the
-                                       * map route checks it and says what is wrong */
-        } else if (!rc) { /* a zstd record (shorter): copied + hashed into scratch, decompressed into place */
-            if (len > w->scratch_n) {
-                free(w->scratch);
-                w->scratch_n = 0;
-                if (!(w->scratch = malloc(len))) return kvz_error_set(KVZ_ERR_NOMEM, "load scratch (%zu bytes)", len);
-                w->scratch_n = len;
-            }
-            memset(&ps, 0, sizeof ps);
-            ps.base = w->scratch;
-            ps.bad = UINT64_MAX;
-            size_t len2 = 0;
-            const double t2 = kvz_now();
-            rc = prefix ? kvz_store_copy_prefix(r, hash, l, w->scratch, len, &len2, on_piece, &ps)
-                        : kvz_store_copy_layer(r, hash, l, w->scratch, len, &len2, on_piece, &ps);
-            const double t3 = kvz_now();
-            pf->copy_s += t3 - t2 - ps.s;
-            pf->hash_s += ps.s;
-            if (!rc && len2 == len) {
-                rc = kvz_blob_decode_layer_hashed(m, l, w->scratch, len, kvz_xxh3_digest(&ps.hs),
-                                                  (uint32_t *)(dst + at.pos), dst + at.k, dst + at.v);
-                pf->zstd_s += kvz_now() - t3;
-                pf->records_zstd++;
-                pf->bytes += len;
-                return rc;
-            }
-            if (!rc) rc = KVZ_ERR_UNSUPPORTED; /* changed under us? the map route says */
-        }
-        if (rc == KVZ_ERR_NOTFOUND && prefix)
-            return kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
-        if (rc != KVZ_ERR_UNSUPPORTED) return rc;
-    }
-    const double t0 = kvz_now();
-    const uint8_t *rec;
-    rc = prefix ? kvz_store_read_prefix(r, hash, l, &rec, &len) : kvz_store_read_layer(r, hash, l, &rec, &len);
-    if (rc == KVZ_ERR_NOTFOUND && prefix) return kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
-    if (!rc)
-        rc = kvz_blob_decode_layer(m, l, rec, len, (uint32_t *)(dst + at.pos), dst + at.k, dst + at.v);
-    pf->map_s += kvz_now() - t0;
-    pf->records_mapped++;
-    pf->bytes += len;
-    return rc;
-}
+static void job_fail(load_job *j, int rc, uint32_t layer) { kvz_load_sync_fail(&j->sy, rc, j->doc_id, layer); }
 
 static void *load_worker(void *arg)
 {
     load_job *j = arg;
     const kvz_blob_meta *bm = j->bm;
     const size_t hd = bm->head_dim;
-    kvz_load_profile pf;
-    memset(&pf, 0, sizeof pf);
-    worker wk = {NULL, 0};
-    kvz_store_read *r = NULL;
-    int rc = kvz_store_read_begin(j->st, &r);
+    kvz_load_reader rd;
+    kvz_load_profile *pf = &rd.pf;
+    int rc = kvz_load_reader_begin(&rd, j->st, j->map_only);
     if (rc) {
         job_fail(j, rc, UINT32_MAX);
         return NULL;
@@ -285,23 +107,23 @@ static void *load_worker(void *arg)
         }
     }
     for (;;) {
-        pthread_mutex_lock(&j->mu);
-        if (j->err || j->next >= bm->n_layer) {
-            pthread_mutex_unlock(&j->mu);
+        pthread_mutex_lock(&j->sy.mu);
+        if (j->sy.err || j->next >= bm->n_layer) {
+            pthread_mutex_unlock(&j->sy.mu);
             break;
         }
         const uint32_t l = j->next++;
         const double tw = kvz_now();
-        while (j->gpu && !j->err && j->nfree == 0) pthread_cond_wait(&j->cv, &j->mu);
-        pf.slot_wait_s += kvz_now() - tw;
-        const int stop = j->err;
+        while (j->gpu && !j->sy.err && j->nfree == 0) pthread_cond_wait(&j->sy.cv, &j->sy.mu);
+        pf->slot_wait_s += kvz_now() - tw;
+        const int stop = j->sy.err;
         const int slot = j->gpu && !stop ? j->free_slot[--j->nfree] : -1;
-        pthread_mutex_unlock(&j->mu);
+        pthread_mutex_unlock(&j->sy.mu);
         if (stop) break;
         uint8_t *s = j->gpu ? j->slots[slot] : buf;
-        const rec_at da = doc_at(j, l);
-        rc = fetch(j, r, &pf, &wk, 0, l, s, da);
-        if (!rc && j->pm) rc = fetch(j, r, &pf, &wk, 1, l, s, pre_at(j, l));
+        const kvz_load_at da = doc_at(j, l);
+        rc = kvz_load_record(&rd, bm, j->hash, 0, l, s, da);
+        if (!rc && j->pm) rc = kvz_load_record(&rd, j->pm, j->pm_hash, 1, l, s, pre_at(j, l));
         if (!rc && !j->gpu) {
             const double t0 = kvz_now();
             const uint64_t kept = kvz_blob_layer_kept(bm, l);
@@ -312,7 +134,7 @@ static void *load_worker(void *arg)
             /* u32 positions < 2^30 (blob limit) are the same int32 values */
             if (!rc && !j->pm) rc = kvz_kv_set_layer(j->kv, (int32_t)l, cnt, (const int32_t *)pu, kf, vf);
             if (!rc && j->pm) { /* each head: the shared prefix rows, then the document's */
-                const rec_at pa = pre_at(j, l);
+                const kvz_load_at pa = pre_at(j, l);
                 const uint64_t pk = kvz_blob_layer_kept(j->pm, l);
                 const uint32_t *ppu = (const uint32_t *)(s + pa.pos);
                 rc = kvz_kvrow_decode(j->pm->dtype, s + pa.k, pk, hd, pkf);
@@ -332,35 +154,30 @@ static void *load_worker(void *arg)
                 }
                 if (!rc) rc = kvz_kv_set_layer(j->kv, (int32_t)l, cc, cp, ck, cv);
             }
-            pf.convert_s += kvz_now() - t0;
+            pf->convert_s += kvz_now() - t0;
         }
         if (rc) {
             job_fail(j, rc, l);
             break;
         }
-        pthread_mutex_lock(&j->mu);
+        pthread_mutex_lock(&j->sy.mu);
         if (j->gpu) j->slot_of[l] = (int8_t)slot;
         j->ready[l] = 1;
-        pthread_cond_broadcast(&j->cv);
-        pthread_mutex_unlock(&j->mu);
+        pthread_cond_broadcast(&j->sy.cv);
+        pthread_mutex_unlock(&j->sy.mu);
     }
 out:
-    kvz_store_read_end(r);
-    free(wk.scratch);
+    kvz_load_reader_end(&rd);
     free(buf); free(kf); free(vf);
     free(pkf); free(pvf); free(ck); free(cv); free(cp);
-    pthread_mutex_lock(&j->mu);
-    kvz_load_profile *t = &j->prof;
-    t->copy_s += pf.copy_s; t->hash_s += pf.hash_s; t->check_s += pf.check_s; t->map_s += pf.map_s;
-    t->convert_s += pf.convert_s; t->slot_wait_s += pf.slot_wait_s;
-    t->records_copied += pf.records_copied; t->records_mapped += pf.records_mapped; t->bytes += pf.bytes;
-    t->zstd_s += pf.zstd_s; t->records_zstd += pf.records_zstd;
-    pthread_mutex_unlock(&j->mu);
+    pthread_mutex_lock(&j->sy.mu);
+    kvz_load_profile_add(&j->prof, pf);
+    pthread_mutex_unlock(&j->sy.mu);
     return NULL;
 }
 
 #ifdef KVZ_HAVE_CUDA
-/* a decoded layer not uploaded yet (ready 1 -> 2 when taken), else UINT32_MAX; j->mu held */
+/* a decoded layer not uploaded yet (ready 1 -> 2 when taken), else UINT32_MAX; j->sy.mu held */
 static uint32_t take_ready(load_job *j)
 {
     for (uint32_t l = 0; l < j->bm->n_layer; l++)
@@ -371,14 +188,14 @@ static uint32_t take_ready(load_job *j)
     return UINT32_MAX;
 }
 
-/* give slot @p s back once the device has read it; j->mu not held */
+/* give slot @p s back once the device has read it; j->sy.mu not held */
 static int release_slot(load_job *j, int s)
 {
     int rc = kvz_cuda_load_wait(j->m, s);
-    pthread_mutex_lock(&j->mu);
+    pthread_mutex_lock(&j->sy.mu);
     j->free_slot[j->nfree++] = s;
-    pthread_cond_broadcast(&j->cv);
-    pthread_mutex_unlock(&j->mu);
+    pthread_cond_broadcast(&j->sy.cv);
+    pthread_mutex_unlock(&j->sy.mu);
     return rc;
 }
 
@@ -393,29 +210,29 @@ static void upload_loop(load_job *j)
     int rc = 0;
     for (uint32_t done = 0; done < bm->n_layer && !rc; done++) {
         const double tw = kvz_now();
-        pthread_mutex_lock(&j->mu);
+        pthread_mutex_lock(&j->sy.mu);
         uint32_t l = take_ready(j);
-        if (l == UINT32_MAX && prev >= 0 && !j->err) { /* nothing to send: give the last slot back first */
-            pthread_mutex_unlock(&j->mu);
+        if (l == UINT32_MAX && prev >= 0 && !j->sy.err) { /* nothing to send: give the last slot back first */
+            pthread_mutex_unlock(&j->sy.mu);
             rc = release_slot(j, prev);
             prev = -1;
-            pthread_mutex_lock(&j->mu);
+            pthread_mutex_lock(&j->sy.mu);
             l = take_ready(j);
         }
-        while (l == UINT32_MAX && !j->err && !rc) {
-            pthread_cond_wait(&j->cv, &j->mu);
+        while (l == UINT32_MAX && !j->sy.err && !rc) {
+            pthread_cond_wait(&j->sy.cv, &j->sy.mu);
             l = take_ready(j);
         }
-        const int stop = j->err;
+        const int stop = j->sy.err;
         const int slot = l == UINT32_MAX ? -1 : j->slot_of[l];
-        pthread_mutex_unlock(&j->mu);
+        pthread_mutex_unlock(&j->sy.mu);
         const double tu = kvz_now();
         j->prof.ready_wait_s += tu - tw; /* this thread only */
         if (stop || rc) break;
-        const rec_at da = doc_at(j, l);
+        const kvz_load_at da = doc_at(j, l);
         int row0 = 0;
         if (j->pm) { /* the shared prefix first (rows 0..n_prefix-1 of every head); one copy of the slot */
-            const rec_at pa = pre_at(j, l);
+            const kvz_load_at pa = pre_at(j, l);
             rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, j->pm->dtype, j->pm->counts + (size_t)l * bm->n_kv_head,
                                      0, pa.k, pa.v, pa.pos, layer_bytes(j, l));
             row0 = (int)j->pm->n_prefix;
@@ -429,7 +246,7 @@ static void upload_loop(load_job *j)
         if (rc) job_fail(j, rc, l);
     }
     if (rc) job_fail(j, rc, UINT32_MAX); /* the first error wins: a layer's, when it was one */
-    if (rc || j->err) return;
+    if (rc || j->sy.err) return;
     const double tu = kvz_now();
     rc = kvz_cuda_load_finish(j->m);
     j->prof.upload_s += kvz_now() - tu;
@@ -553,22 +370,14 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     j.kv = kv;
 #ifdef KVZ_HAVE_CUDA
     if (j.gpu) {
-        j.nslot = want + 2;
-        if (j.nslot > KVZ_CUDA_LOAD_MAX_SLOTS) j.nslot = KVZ_CUDA_LOAD_MAX_SLOTS;
-        if ((uint32_t)j.nslot > bm.n_layer) j.nslot = (int)bm.n_layer;
-        if (want > j.nslot) want = j.nslot;
+        j.nslot = kvz_load_plan_slots(&want, bm.n_layer, KVZ_CUDA_LOAD_MAX_SLOTS);
         if ((rc = kvz_cuda_load_slots(m, max_bytes, j.nslot, j.slots))) goto out;
         for (int i = 0; i < j.nslot; i++) j.free_slot[j.nfree++] = i;
     }
 #endif
-    pthread_mutex_init(&j.mu, NULL);
-    pthread_cond_init(&j.cv, NULL);
+    kvz_load_sync_init(&j.sy);
     /* on the CPU the calling thread decodes too; on the GPU it uploads */
-    const int spawn = j.gpu ? want : want - 1;
-    for (int i = 0; i < spawn; i++) {
-        if (pthread_create(&th[nth], NULL, load_worker, &j)) break;
-        nth++;
-    }
+    nth = kvz_load_spawn(th, j.gpu ? want : want - 1, load_worker, &j);
     if (j.gpu && nth == 0) {
         job_fail(&j, kvz_error_set(KVZ_ERR_NOMEM, "cannot start a decode thread"), UINT32_MAX);
     } else if (j.gpu) {
@@ -582,13 +391,12 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     if (j.gpu && nth) upload_loop(&j);
 #endif
     if (!j.gpu) load_worker(&j);
-    for (int i = 0; i < nth; i++) pthread_join(th[i], NULL);
+    kvz_load_join(th, nth);
 #ifdef KVZ_HAVE_CUDA
-    if (j.gpu && j.err) kvz_cuda_load_finish(m); /* nothing in flight reads the slots after this */
+    if (j.gpu && j.sy.err) kvz_cuda_load_finish(m); /* nothing in flight reads the slots after this */
 #endif
-    pthread_mutex_destroy(&j.mu);
-    pthread_cond_destroy(&j.cv);
-    if (j.err) rc = kvz_error_set(j.err, "%s", j.detail);
+    kvz_load_sync_destroy(&j.sy);
+    if (j.sy.err) rc = kvz_error_set(j.sy.err, "%s", j.sy.detail);
 out:
     free(j.ready);
     free(j.slot_of);

@@ -8,11 +8,18 @@
  *     kept (KEEP);
  *   - errors: unknown id, a SHARED document whose prefix blob is missing (one line,
  *     KVZ_ERR_FORMAT naming the document);
+ *   - the composition (kvz_docs_load) reads records with the same routine: three
+ *     documents per stored type, KEEP and SHARED prefix, parallel and sequential,
+ *     1 and 3 workers, through the copy route and the map route (map_only), against
+ *     the documents' rows (prefix once, positions moved, keys re-rotated) and each
+ *     other bit for bit; a byte flipped in data.mdb is KVZ_ERR_CHECKSUM naming the
+ *     document and the record;
  *   - the document cache: a second get is a hit and hands back the same rows; a
  *     re-ingested id (new content hash) is not served from the cache; budget 0 keeps
  *     nothing.
  * On a CUDA build with a usable GPU the same documents are also loaded with
  * --device cuda and compared with the CPU cache rounded to bf16 (bit for bit). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +28,7 @@
 #include "kvz_test.h"
 
 #include "kvz_blob.h"
+#include "kvz_compose.h"
 #include "kvz_doc_cache.h"
 #include "kvz_error.h"
 #include "kvz_ingest.h"
@@ -28,6 +36,7 @@
 #include "kvz_load.h"
 #include "kvz_model.h"
 #include "kvz_quant.h"
+#include "kvz_rope_shift.h"
 #include "kvz_store.h"
 #include <xxhash.h>
 
@@ -229,6 +238,236 @@ static int flip_in_store(const char *dir, const uint8_t *rec, size_t len, uint8_
     return n;
 }
 
+
+/* ------------------------------------------------------------ composition (kvz_docs_load) */
+
+/* give @p d the system-prefix rows of @p base (the same prefix, as ingest stores it) */
+static void share_prefix(doc *d, const doc *base, int L, int H, size_t rb)
+{
+    for (int l = 0; l < L; l++) {
+        size_t rd = 0, rs = 0;
+        for (int h = 0; h < H; h++) {
+            memcpy(d->k[l] + rd * rb, base->k[l] + rs * rb, NP * rb);
+            memcpy(d->v[l] + rd * rb, base->v[l] + rs * rb, NP * rb);
+            rd += d->counts[l * H + h];
+            rs += base->counts[l * H + h];
+        }
+    }
+}
+
+/* The composed cache against independent truth: head h of layer l holds docs[0]'s NP
+ * prefix rows, then every document's context rows in order; context positions moved by
+ * d * NC when @p seq (keys re-rotated by the same Δ: kvz_rope_shift on the decoded row),
+ * kept when not. bf: rows rounded to bf16 (the CUDA cache; moved keys, re-rotated on
+ * the device after the rounding, within a tolerance). Returns mismatching values. */
+static long diff_composed(const kvz_model *m, const kvz_kv *kv, doc *const *docs, int nd, int L, int H, int hd,
+                          int dtype, int seq, int bf)
+{
+    const size_t rb = kvz_kv_row_bytes(dtype, (size_t)hd);
+    const size_t cap = (size_t)nd * (NP + NC);
+    float *want = malloc(sizeof(float) * (size_t)hd), *gk = malloc(sizeof(float) * cap * hd);
+    float *gv = malloc(sizeof(float) * cap * hd);
+    int32_t *gp = malloc(sizeof(int32_t) * cap);
+    long bad = 0;
+    for (int l = 0; l < L; l++) {
+        size_t start[16] = {0}; /* each document's first row of head h */
+        for (int h = 0; h < H; h++) {
+            int64_t n = 0;
+            for (int d = 0; d < nd; d++) n += docs[d]->counts[l * H + h] - (d ? NP : 0);
+            if (kvz_kv_len(kv, l, h) != n || kvz_kv_get_head(kv, l, h, gk, gv, gp)) {
+                bad++;
+            } else {
+                int64_t r = 0;
+                for (int d = 0; d < nd; d++) {
+                    const uint32_t c = docs[d]->counts[l * H + h];
+                    for (uint32_t i = d ? NP : 0; i < c; i++, r++) {
+                        const size_t src = start[d] + i;
+                        const uint32_t p = docs[d]->pos[l][src];
+                        const int32_t dl = seq && p >= NP ? d * NC : 0;
+                        bad += gp[r] != (int32_t)p + dl;
+                        for (int w = 0; w < 2; w++) {
+                            kvz_kvrow_decode(dtype, (w ? docs[d]->v[l] : docs[d]->k[l]) + src * rb, 1, (size_t)hd,
+                                             want);
+                            if (!w && dl) kvz_rope_shift(m, want, 1, dl);
+                            const float *got = (w ? gv : gk) + (size_t)r * hd;
+                            /* the device re-rotates the bf16 keys in HBM (rounded before and after):
+                             * within 2^-5 of the row's largest value (the roundings are < 2^-6); a
+                             * position off by one moves pair 0 by 1 radian */
+                            float tol = 0;
+                            for (int e = 0; bf && !w && dl && e < hd; e++)
+                                tol = fabsf(want[e]) > tol ? fabsf(want[e]) : tol;
+                            tol /= 32;
+                            for (int e = 0; e < hd; e++) {
+                                const float x = bf ? kvz_bf16_to_fp32(kvz_fp32_to_bf16(want[e])) : want[e];
+                                bad += tol > 0 ? !(fabsf(x - got[e]) <= tol) : memcmp(&x, &got[e], 4) != 0;
+                            }
+                        }
+                    }
+                }
+            }
+            for (int d = 0; d < nd; d++) start[d] += docs[d]->counts[l * H + h];
+        }
+    }
+    free(want); free(gk); free(gv); free(gp);
+    return bad;
+}
+
+/* values (K, V, positions, lengths) that differ between two composed caches */
+static long diff_kv(const kvz_kv *a, const kvz_kv *b, int L, int H, int hd, size_t cap)
+{
+    float *ak = malloc(sizeof(float) * cap * hd), *av = malloc(sizeof(float) * cap * hd);
+    float *bk = malloc(sizeof(float) * cap * hd), *bv = malloc(sizeof(float) * cap * hd);
+    int32_t *ap = malloc(sizeof(int32_t) * cap), *bp = malloc(sizeof(int32_t) * cap);
+    long bad = 0;
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < H; h++) {
+            const int64_t n = kvz_kv_len(a, l, h);
+            if (n != kvz_kv_len(b, l, h) || n > (int64_t)cap || kvz_kv_get_head(a, l, h, ak, av, ap) ||
+                kvz_kv_get_head(b, l, h, bk, bv, bp)) {
+                bad++;
+                continue;
+            }
+            bad += memcmp(ak, bk, sizeof(float) * (size_t)n * hd) != 0;
+            bad += memcmp(av, bv, sizeof(float) * (size_t)n * hd) != 0;
+            bad += memcmp(ap, bp, sizeof(int32_t) * (size_t)n) != 0;
+        }
+    free(ak); free(av); free(bk); free(bv); free(ap); free(bp);
+    return bad;
+}
+
+/* Three documents per stored type, once with the prefix kept in each (KEEP) and once
+ * with it in a shared blob (SHARED), composed through the copy route and through the
+ * map (map_only): both equal the truth above and each other bit for bit, with 1 and 3
+ * workers; the profile shows which route read how many records. Then a byte flipped
+ * inside a record in data.mdb: the composition refuses it with KVZ_ERR_CHECKSUM naming
+ * the document and the record, on both routes. */
+static int compose_tests(kvz_model *m, kvz_store *st, const char *dir, int device)
+{
+    const char *dev = device == KVZ_DEVICE_CPU ? "cpu" : "cuda";
+    const kvz_config *c = kvz_model_config(m);
+    const int L = c->n_layer, H = c->n_kv_head, hd = c->head_dim, bf = device != KVZ_DEVICE_CPU;
+    const size_t cap = 3 * (NP + NC);
+    for (int dt = KVZ_KV_F32; dt <= KVZ_KV_Q4; dt++) {
+        const size_t rb = kvz_kv_row_bytes(dt, (size_t)hd);
+        doc d[3];
+        doc *dp[3] = {&d[0], &d[1], &d[2]};
+        for (int i = 0; i < 3; i++) {
+            make_doc(&d[i], L, H, hd, dt);
+            if (i) share_prefix(&d[i], &d[0], L, H, rb);
+        }
+        char idk[3][32], ids[3][32];
+        const char *kid[3], *sid[3];
+        const uint8_t hp[16] = {7, 0, (uint8_t)dt, (uint8_t)device};
+        for (int i = 0; i < 3; i++) {
+            snprintf(idk[i], sizeof idk[i], "ck%d-%d", dt, i);
+            snprintf(ids[i], sizeof ids[i], "cs%d-%d", dt, i);
+            kid[i] = idk[i];
+            sid[i] = ids[i];
+            const uint8_t hk[16] = {7, 1, (uint8_t)dt, (uint8_t)device, (uint8_t)i},
+                          hs[16] = {7, 2, (uint8_t)dt, (uint8_t)device, (uint8_t)i};
+            kvz_blob_meta bm, pm;
+            meta_of(m, dt, KVZ_PREFIX_KEEP, NP, NC, NULL, &bm);
+            CHECKF(put_blob(st, idk[i], hk, &bm, &d[i], 0, NULL, NULL) == 0, "%s put %s: %s", dev, idk[i],
+                   kvz_error_detail());
+            meta_of(m, dt, KVZ_PREFIX_KEEP, NP, 0, NULL, &pm);
+            meta_of(m, dt, KVZ_PREFIX_SHARED, NP, NC, NULL, &bm);
+            memcpy(bm.prefix_ref, hp, 16);
+            CHECKF(put_blob(st, ids[i], hs, &bm, &d[i], 2, &pm, hp) == 0, "%s put %s: %s", dev, ids[i],
+                   kvz_error_detail());
+        }
+        for (int shared = 0; shared < 2; shared++)
+            for (int seq = 0; seq < 2; seq++) {
+                kvz_kv *kv[2] = {NULL, NULL};
+                for (int mo = 0; mo < 2; mo++)
+                    for (int t = 1; t <= 3; t += 2) {
+                        kvz_compose_opts co;
+                        kvz_compose_defaults(&co);
+                        kvz_load_profile pf;
+                        co.placement = seq ? KVZ_PLACE_SEQUENTIAL : KVZ_PLACE_PARALLEL;
+                        co.threads = t;
+                        co.map_only = mo;
+                        co.profile = &pf;
+                        kvz_compose_meta cm;
+                        kvz_kv *k = NULL;
+                        int rc = kvz_docs_load(m, st, shared ? sid : kid, 3, &co, 4, 0, &k, &cm, NULL);
+                        CHECKF(rc == 0, "%s compose %s dtype %d: %s", dev, shared ? "shared" : "keep", dt,
+                               kvz_error_detail());
+                        if (rc) continue;
+                        const long bad = diff_composed(m, k, dp, 3, L, H, hd, dt, seq, bf);
+                        const uint64_t nrec = (uint64_t)L * (shared ? 4 : 3);
+                        printf("  %s compose %s %-5s %-10s %s route, %d worker(s): %ld mismatches; records %llu copied, "
+                               "%llu zstd, %llu mapped\n", dev, kvz_kv_dtype_name(dt), shared ? "SHARED" : "KEEP",
+                               seq ? "sequential" : "parallel", mo ? "map " : "copy", t, bad,
+                               (unsigned long long)pf.records_copied, (unsigned long long)pf.records_zstd,
+                               (unsigned long long)pf.records_mapped);
+                        CHECKF(bad == 0, "%s compose dtype %d: %ld values differ from the truth", dev, dt, bad);
+                        CHECK(cm.n_docs == 3 && cm.q_pos == NP + (seq ? 3 : 1) * NC);
+                        if (mo) CHECK(pf.records_mapped == nrec && pf.records_copied + pf.records_zstd == 0);
+                        else CHECK(pf.records_mapped == 0 && pf.records_copied + pf.records_zstd == nrec);
+                        if (t == 3) {
+                            kv[mo] = k; /* the copy route vs the map route, 3 workers each */
+                            continue;
+                        }
+                        kvz_kv_free(k);
+                    }
+                if (kv[0] && kv[1]) {
+                    const long nd = diff_kv(kv[0], kv[1], L, H, hd, cap);
+                    CHECKF(nd == 0, "%s compose dtype %d: copy and map routes differ in %ld heads", dev, dt, nd);
+                }
+                kvz_kv_free(kv[0]);
+                kvz_kv_free(kv[1]);
+            }
+        for (int i = 0; i < 3; i++) free_doc(&d[i], L);
+    }
+    /* a byte flipped in data.mdb inside layer 0 of the second document */
+    doc a, b;
+    make_doc(&a, L, H, hd, KVZ_KV_Q8);
+    make_doc(&b, L, H, hd, KVZ_KV_Q8);
+    share_prefix(&b, &a, L, H, kvz_kv_row_bytes(KVZ_KV_Q8, (size_t)hd));
+    kvz_blob_meta bm;
+    const uint8_t ha[16] = {7, 8, 1, (uint8_t)device}, hb[16] = {7, 8, 2, (uint8_t)device};
+    meta_of(m, KVZ_KV_Q8, KVZ_PREFIX_KEEP, NP, NC, NULL, &bm);
+    CHECK(put_blob(st, "cflip-a", ha, &bm, &a, 0, NULL, NULL) == 0);
+    meta_of(m, KVZ_KV_Q8, KVZ_PREFIX_KEEP, NP, NC, NULL, &bm);
+    CHECK(put_blob(st, "cflip-b", hb, &bm, &b, 0, NULL, NULL) == 0);
+    uint8_t *mr = NULL;
+    size_t ml = 0;
+    kvz_store_rec *recs = NULL;
+    meta_of(m, KVZ_KV_Q8, KVZ_PREFIX_KEEP, NP, NC, NULL, &bm);
+    REQUIRE(enc_blob(&bm, &b, 0, &mr, &ml, &recs) == 0);
+    const char *fid[2] = {"cflip-a", "cflip-b"};
+    for (int mo = 0; mo < 2; mo++) { /* intact first: both routes compose it */
+        kvz_compose_opts co;
+        kvz_compose_defaults(&co);
+        co.map_only = mo;
+        kvz_compose_meta cm;
+        kvz_kv *kv = NULL;
+        CHECKF(kvz_docs_load(m, st, fid, 2, &co, 0, 0, &kv, &cm, NULL) == 0, "%s cflip intact: %s", dev,
+               kvz_error_detail());
+        kvz_kv_free(kv);
+    }
+    const int nf = flip_in_store(dir, recs[0].data, recs[0].len, 0x10);
+    CHECKF(nf >= 1, "%s: layer 0 record of cflip-b not found in data.mdb", dev);
+    for (int mo = 0; mo < 2 && nf; mo++)
+        for (int t = 1; t <= 3; t += 2) {
+            kvz_compose_opts co;
+            kvz_compose_defaults(&co);
+            co.map_only = mo;
+            co.threads = t;
+            kvz_compose_meta cm;
+            kvz_kv *kv = NULL;
+            const int rc = kvz_docs_load(m, st, fid, 2, &co, 0, 0, &kv, &cm, NULL);
+            printf("  %s compose, byte flipped in data.mdb (%s route, %d worker(s)): %s (%s)\n", dev,
+                   mo ? "map" : "copy", t, kvz_strerror(rc), kvz_error_detail());
+            CHECK(rc == KVZ_ERR_CHECKSUM && kv == NULL && cm.n_docs == 0 &&
+                  strstr(kvz_error_detail(), "document 'cflip-b' layer record 0: "));
+        }
+    free_recs(recs, mr, L);
+    free_doc(&a, L);
+    free_doc(&b, L);
+    return 0;
+}
+
 static int run(int device)
 {
     kvz_model_opts mo = {.device = device, .n_threads = 2};
@@ -422,6 +661,8 @@ static int run(int device)
         free_recs(recs, mr, L);
         free_doc(&d, L);
     }
+
+    compose_tests(m, st, dir, device);
 
     /* the document cache */
     kvz_doc_cache *dc;

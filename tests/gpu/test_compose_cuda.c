@@ -16,7 +16,8 @@
  *     within TOL_HOST; composing with Δ − 1 or Δ + 1 moves the keys ~0.25 (> OFF_KEYS,
  *     > 10x) and the logits > OFF_FACTOR times more, so an off-by-one fails. Positions
  *     of the composed rows; parallel placement with a key scale (scaled in the kernel)
- *     vs the host path.
+ *     vs the host path; the composition with its records read through the LMDB map
+ *     (map_only) equal to the one through the copy route, bit for bit.
  * Exit 77 (SKIP) without a usable CUDA device. */
 #include "kvz_test.h"
 
@@ -204,11 +205,14 @@ static int question_logits(kvz_model *m, kvz_kv *kv, const int32_t *q, int32_t n
     return rc;
 }
 
+static int g_map_only; /* compose(): read the records through the LMDB map (kvz_compose_opts.map_only) */
+
 static kvz_kv *compose(kvz_model *m, kvz_store *st, const char **ids, int n, int place, int bias, float ks,
                        int host, int64_t extra, kvz_compose_meta *cm)
 {
     kvz_compose_opts co;
     kvz_compose_defaults(&co);
+    co.map_only = g_map_only;
     co.placement = place;
     co.shift_bias = bias;
     co.key_scale = ks;
@@ -336,6 +340,30 @@ static int e2e(const char *name, int32_t na, int32_t nb, int device)
     kvz_kv_free(kh);
     kvz_kv *kv = compose(m, st, ab, 2, KVZ_PLACE_SEQUENTIAL, 0, 0.f, 0, nq, &cm);
     REQUIRE(question_logits(m, kv, q, nq, qpos, lc) == 0);
+    { /* the same composition with every record read through the LMDB map (the route before
+       * the copy reads): the same bits in every head (keys, values, positions, lengths) */
+        g_map_only = 1;
+        kvz_kv *km = compose(m, st, ab, 2, KVZ_PLACE_SEQUENTIAL, 0, 0.f, 0, nq, &cm);
+        g_map_only = 0;
+        REQUIRE(km != NULL);
+        float *V2 = malloc(sizeof(float) * per * hd);
+        int32_t *P2 = malloc(sizeof(int32_t) * per);
+        size_t heads = 0;
+        for (int32_t l = 0; l < c->n_layer; l++)
+            for (int32_t h = 0; h < c->n_kv_head; h++) {
+                const int64_t n = kvz_kv_len(kv, l, h);
+                REQUIRE(n == kvz_kv_len(km, l, h) && n <= (int64_t)per);
+                REQUIRE(kvz_kv_get_head(kv, l, h, K2, V, P) == 0);
+                REQUIRE(kvz_kv_get_head(km, l, h, K3, V2, P2) == 0);
+                heads += memcmp(K2, K3, sizeof(float) * (size_t)n * hd) || memcmp(V, V2, sizeof(float) * (size_t)n * hd) ||
+                         memcmp(P, P2, sizeof(int32_t) * (size_t)n);
+            }
+        printf("  [%s] sequential, records through the copy route vs through the map: %zu heads differ\n", name, heads);
+        CHECKF(heads == 0, "the copy and the map route compose different caches (%zu heads)", heads);
+        kvz_kv_free(km);
+        free(V2);
+        free(P2);
+    }
     kvz_kv_free(kv);
     const double dh = rel_err(lc, lh, nl), dhr = rel_err(lh, lr, nl);
     printf("  [%s %s, %s RoPE, hd %d] A+B (%d + %d + %d tokens), r = 1.0, B's moved keys:\n"

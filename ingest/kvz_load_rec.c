@@ -1,0 +1,234 @@
+/* One stored record read + verified into the caller's memory, and the worker-pool
+ * plumbing shared by the loader and the composition (kvz_load_rec.h). */
+#include "kvz_load_rec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvz_error.h"
+#include "kvz_generate.h"
+#include "kvz_kvdtype.h"
+#include "kvz_kvrow.h"
+#include "kvz_xxh3.h"
+
+kvz_load_at kvz_load_place(size_t at, uint64_t kept, size_t rb)
+{
+    kvz_load_at r;
+    r.x = at + (16 - (KVZ_BLOB_HEADER_SIZE + 4 * (size_t)kept) % 16) % 16;
+    r.pos = r.x + KVZ_BLOB_HEADER_SIZE;
+    r.k = r.pos + 4 * (size_t)kept;
+    r.v = r.k + (size_t)kept * rb;
+    r.len = KVZ_BLOB_HEADER_SIZE + (size_t)kept * (4 + 2 * rb);
+    r.end = r.x + r.len;
+    return r;
+}
+
+int kvz_load_reader_begin(kvz_load_reader *w, kvz_store *st, int map_only)
+{
+    memset(w, 0, sizeof *w);
+    w->map_only = map_only;
+    return kvz_store_read_begin(st, &w->r);
+}
+
+void kvz_load_reader_end(kvz_load_reader *w)
+{
+    kvz_store_read_end(w->r);
+    w->r = NULL;
+    free(w->scratch);
+    w->scratch = NULL;
+    w->scratch_n = 0;
+}
+
+/* kvz_store_copy_layer's piece callback: hash the bytes that arrived (the record
+ * checksum, seeded from the header) and check the q8/q4 rows that are complete
+ * (the same check and message as kvz_blob_decode_layer) */
+typedef struct piece_st {
+    kvz_xxh3 hs;
+    const uint8_t *base;
+    size_t hashed;       /* bytes [0, hashed) hashed (the header: seeded) */
+    int seeded, rows;
+    int dtype;
+    size_t hd, rb, row0, nrows, checked; /* rows at base + row0, [0, checked) checked */
+    uint64_t bad;        /* first bad row (K rows, then V rows), UINT64_MAX: none */
+    double s;
+} piece_st;
+
+static int on_piece(void *u, size_t done)
+{
+    piece_st *p = u;
+    const double t0 = kvz_now();
+    if (!p->seeded && done >= KVZ_BLOB_HEADER_SIZE) {
+        kvz_xxh3_reset(&p->hs, kvz_blob_record_seed(p->base));
+        p->hashed = KVZ_BLOB_HEADER_SIZE;
+        p->seeded = 1;
+        p->rows = p->rows && p->base[7] == KVZ_BLOB_CODEC_NONE; /* header byte 7: codec (unverified yet) */
+    }
+    if (p->seeded && done > p->hashed) {
+        kvz_xxh3_update(&p->hs, p->base + p->hashed, done - p->hashed);
+        p->hashed = done;
+    }
+    if (p->rows && p->bad == UINT64_MAX && done > p->row0) {
+        size_t have = (done - p->row0) / p->rb;
+        if (have > p->nrows) have = p->nrows;
+        uint64_t bad;
+        if (have > p->checked &&
+            kvz_kvrow_check(p->dtype, p->base + p->row0 + p->checked * p->rb, have - p->checked, p->hd, &bad))
+            p->bad = p->checked + bad;
+        p->checked = have;
+    }
+    p->s += kvz_now() - t0;
+    return 0;
+}
+
+static int copy_rec(kvz_load_reader *w, const uint8_t *hash, int prefix, uint32_t l, uint8_t *dst, size_t cap,
+                    size_t *len, piece_st *ps)
+{
+    const double t0 = kvz_now();
+    const int rc = prefix ? kvz_store_copy_prefix(w->r, hash, l, dst, cap, len, on_piece, ps)
+                          : kvz_store_copy_layer(w->r, hash, l, dst, cap, len, on_piece, ps);
+    w->pf.copy_s += kvz_now() - t0 - ps->s;
+    w->pf.hash_s += ps->s;
+    return rc;
+}
+
+int kvz_load_record(kvz_load_reader *w, const kvz_blob_meta *m, const uint8_t hash[16], int prefix, uint32_t l,
+                    uint8_t *dst, kvz_load_at at)
+{
+    kvz_load_profile *pf = &w->pf;
+    const uint64_t kept = kvz_blob_layer_kept(m, l);
+    int rc = KVZ_ERR_UNSUPPORTED;
+    size_t len = 0;
+    if (!w->map_only) {
+        piece_st ps;
+        memset(&ps, 0, sizeof ps);
+        ps.base = dst + at.x;
+        ps.rows = m->dtype == KVZ_KV_Q8 || m->dtype == KVZ_KV_Q4;
+        ps.dtype = m->dtype;
+        ps.hd = m->head_dim;
+        ps.rb = kvz_blob_kv_row_bytes(m);
+        ps.row0 = at.k - at.x;
+        ps.nrows = 2 * (size_t)kept;
+        ps.bad = UINT64_MAX;
+        rc = copy_rec(w, hash, prefix, l, dst + at.x, at.len, &len, &ps);
+        if (!rc && len == at.len) { /* codec none: in place */
+            const double t1 = kvz_now();
+            rc = kvz_blob_layer_placed(m, l, dst + at.x, len, kvz_xxh3_digest(&ps.hs));
+            pf->check_s += kvz_now() - t1;
+            if (!rc && ps.bad != UINT64_MAX) {
+                const int isv = ps.bad >= kept;
+                rc = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u %s row %llu: bad %s scale block (NaN, Inf or "
+                                   "negative scale, or q8 value -128)", l, isv ? "V" : "K",
+                                   (unsigned long long)(isv ? ps.bad - kept : ps.bad), kvz_kv_dtype_name(m->dtype));
+            }
+            if (rc != KVZ_ERR_UNSUPPORTED) { /* UNSUPPORTED: a zstd record of that length */
+                pf->records_copied++;
+                pf->bytes += len;
+                return rc;
+            }
+        } else if (!rc && (len > at.len || len < KVZ_BLOB_HEADER_SIZE)) {
+            rc = KVZ_ERR_UNSUPPORTED; /* not what codec none or zstd gives (damaged, or a v1 record zstd grew): the
+                                       * map route checks it and says what is wrong */
+        } else if (!rc) { /* a zstd record (shorter): copied + hashed into scratch, decompressed into place */
+            if (len > w->scratch_n) {
+                free(w->scratch);
+                w->scratch_n = 0;
+                if (!(w->scratch = malloc(len))) return kvz_error_set(KVZ_ERR_NOMEM, "load scratch (%zu bytes)", len);
+                w->scratch_n = len;
+            }
+            memset(&ps, 0, sizeof ps);
+            ps.base = w->scratch;
+            ps.bad = UINT64_MAX;
+            size_t len2 = 0;
+            rc = copy_rec(w, hash, prefix, l, w->scratch, len, &len2, &ps);
+            if (!rc && len2 == len) {
+                const double t3 = kvz_now();
+                rc = kvz_blob_decode_layer_hashed(m, l, w->scratch, len, kvz_xxh3_digest(&ps.hs),
+                                                  (uint32_t *)(dst + at.pos), dst + at.k, dst + at.v);
+                pf->zstd_s += kvz_now() - t3;
+                pf->records_zstd++;
+                pf->bytes += len;
+                return rc;
+            }
+            if (!rc) rc = KVZ_ERR_UNSUPPORTED; /* changed under us? the map route says */
+        }
+        if (rc == KVZ_ERR_NOTFOUND && prefix)
+            return kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
+        if (rc != KVZ_ERR_UNSUPPORTED) return rc;
+    }
+    const double t0 = kvz_now();
+    const uint8_t *rec;
+    rc = prefix ? kvz_store_read_prefix(w->r, hash, l, &rec, &len) : kvz_store_read_layer(w->r, hash, l, &rec, &len);
+    if (rc == KVZ_ERR_NOTFOUND && prefix) return kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
+    if (!rc) rc = kvz_blob_decode_layer(m, l, rec, len, (uint32_t *)(dst + at.pos), dst + at.k, dst + at.v);
+    pf->map_s += kvz_now() - t0;
+    pf->records_mapped++;
+    pf->bytes += len;
+    return rc;
+}
+
+void kvz_load_profile_add(kvz_load_profile *t, const kvz_load_profile *p)
+{
+    t->copy_s += p->copy_s;
+    t->hash_s += p->hash_s;
+    t->check_s += p->check_s;
+    t->zstd_s += p->zstd_s;
+    t->map_s += p->map_s;
+    t->convert_s += p->convert_s;
+    t->slot_wait_s += p->slot_wait_s;
+    t->records_copied += p->records_copied;
+    t->records_zstd += p->records_zstd;
+    t->records_mapped += p->records_mapped;
+    t->bytes += p->bytes;
+}
+
+void kvz_load_sync_init(kvz_load_sync *s)
+{
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->err = 0;
+    s->detail[0] = 0;
+}
+
+void kvz_load_sync_destroy(kvz_load_sync *s)
+{
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+}
+
+void kvz_load_sync_fail(kvz_load_sync *s, int rc, const char *doc, uint32_t layer)
+{
+    const char *d = kvz_error_detail();
+    if (!d || !d[0]) d = kvz_strerror(rc);
+    pthread_mutex_lock(&s->mu);
+    if (!s->err) {
+        s->err = rc;
+        if (layer == UINT32_MAX)
+            snprintf(s->detail, sizeof s->detail, "document '%s': %s", doc, d);
+        else
+            snprintf(s->detail, sizeof s->detail, "document '%s' layer record %u: %s", doc, layer, d);
+    }
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int kvz_load_spawn(pthread_t *th, int n, void *(*fn)(void *), void *arg)
+{
+    int k = 0;
+    while (k < n && pthread_create(&th[k], NULL, fn, arg) == 0) k++;
+    return k;
+}
+
+void kvz_load_join(pthread_t *th, int n)
+{
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+}
+
+int kvz_load_plan_slots(int *want, uint32_t ntask, int max_slots)
+{
+    int n = *want + 2;
+    if (n > max_slots) n = max_slots;
+    if ((uint32_t)n > ntask) n = (int)ntask;
+    if (*want > n) *want = n;
+    return n;
+}
