@@ -208,28 +208,31 @@ static int md_main(int argc, char **argv)
     kvz_eval_io io = {.log = log_line, .read_text = cli_read_text, .quiet = quiet};
     kvz_eval_md *d = NULL;
     kvz_eval_error er = {0};
+    kvz_model *m = NULL;
     char *qa_text = NULL;
     size_t qa_len = 0;
-    int rc = cli_read_text(qa_path, (size_t)64 << 20, &qa_text, &qa_len);
+    const char *model_path = cli_model_path(model_flag);
+    int rc = cli_read_text(qa_path, (size_t)64 << 20, &qa_text, &qa_len), code = 0;
     if (rc) {
         cli_error(rc, "cannot read %s", qa_path);
-        return cli_exit_code(rc);
-    }
-    if ((rc = kvz_eval_md_create(&o, &io, &d))) {
+        code = cli_exit_code(rc);
+    } else if ((rc = kvz_eval_md_create(&o, &io, &d))) {
         cli_error(rc, "multi-document evaluation");
-        return cli_exit_code(rc);
+        code = cli_exit_code(rc);
+    } else if (kvz_eval_md_add_questions(d, qa_path, qa_text, qa_len, &er)) {
+        code = fail(&er);
+    } else if ((rc = cli_load_model(model_path, NULL, KVZ_DEVICE_CPU, (int32_t)threads, &m))) {
+        code = cli_exit_code(rc);
+    } else if (kvz_eval_md_open_results(d, m, model_path, &er) || (!report && kvz_eval_md_run(d, &er))) {
+        code = fail(&er);
+    } else {
+        kvz_eval_md_write_tables(d, stdout);
     }
-    if ((rc = kvz_eval_md_add_questions(d, qa_path, qa_text, qa_len, &er))) return fail(&er);
     free(qa_text);
-    kvz_model *m = NULL;
-    const char *model_path = cli_model_path(model_flag);
-    if ((rc = cli_load_model(model_path, NULL, KVZ_DEVICE_CPU, (int32_t)threads, &m))) return cli_exit_code(rc);
-    if ((rc = kvz_eval_md_open_results(d, m, model_path, &er)) || (!report && (rc = kvz_eval_md_run(d, &er))))
-        return fail(&er);
-    kvz_eval_md_write_tables(d, stdout);
+    free(ratios);
     kvz_eval_md_free(d);
     kvz_model_free(m);
-    return 0;
+    return code;
 }
 
 int main(int argc, char **argv)
@@ -277,37 +280,38 @@ int main(int argc, char **argv)
     kvz_eval_io io = {.log = log_line, .progress = progress, .read_text = cli_read_text, .quiet = quiet};
     kvz_eval *e = NULL;
     kvz_eval_error er = {0};
+    kvz_model *m = NULL;
     char *qa_text = NULL;
     size_t qa_len = 0;
-    int rc = cli_read_text(qa_path, (size_t)64 << 20, &qa_text, &qa_len);
+    const char *model_path = cli_model_path(model_flag);
+    int rc = cli_read_text(qa_path, (size_t)64 << 20, &qa_text, &qa_len), code = 0;
     if (rc) {
         cli_error(rc, "cannot read %s", qa_path);
-        return cli_exit_code(rc);
-    }
-    if ((rc = kvz_eval_create(&o, &io, &e))) {
+        code = cli_exit_code(rc);
+    } else if ((rc = kvz_eval_create(&o, &io, &e))) {
         cli_error(rc, "evaluation");
-        return cli_exit_code(rc);
+        code = cli_exit_code(rc);
+    } else if (kvz_eval_add_questions(e, qa_path, qa_text, qa_len, docs_s, limit, per_doc, &er)) {
+        code = fail(&er);
+    } else if ((rc = cli_load_model(model_path, NULL, KVZ_DEVICE_CPU, (int32_t)threads, &m))) {
+        code = cli_exit_code(rc);
+    } else if (kvz_eval_run(e, m, &er)) {
+        code = fail(&er);
+    } else {
+        kvz_eval_write_tables(e, stdout);
+        fflush(stdout);
+        if (json_path && (rc = kvz_eval_write_json(e, json_path, model_path, qa_path))) {
+            cli_error(rc, "cannot write --json");
+            code = EXIT_FAIL;
+        }
+        if (plot_path && (rc = kvz_eval_write_plot(e, plot_path))) {
+            cli_error(rc, "cannot write --plot");
+            code = EXIT_FAIL;
+        }
     }
-    if ((rc = kvz_eval_add_questions(e, qa_path, qa_text, qa_len, docs_s, limit, per_doc, &er)))
-        return fail(&er);
     free(qa_text);
-    kvz_model *m = NULL;
-    const char *model_path = cli_model_path(model_flag);
-    if ((rc = cli_load_model(model_path, NULL, KVZ_DEVICE_CPU, (int32_t)threads, &m))) return cli_exit_code(rc);
-    if ((rc = kvz_eval_run(e, m, &er))) return fail(&er);
-    int exit_code = 0;
-    kvz_eval_write_tables(e, stdout);
-    fflush(stdout);
-    if (json_path && (rc = kvz_eval_write_json(e, json_path, model_path, qa_path))) {
-        cli_error(rc, "cannot write --json");
-        exit_code = EXIT_FAIL;
-    }
-    if (plot_path && (rc = kvz_eval_write_plot(e, plot_path))) {
-        cli_error(rc, "cannot write --plot");
-        exit_code = EXIT_FAIL;
-    }
     free(ratios);
     kvz_eval_free(e);
     kvz_model_free(m);
-    return exit_code;
+    return code;
 }

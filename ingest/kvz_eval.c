@@ -888,6 +888,7 @@ int kvz_eval_run(kvz_eval *e, kvz_model *m, kvz_eval_error *er)
         for (int i = 0; i < e->nq; i++) nd += e->q[i].doc_idx == d;
         kvz_eval_say(&e->io, 0, "[%d/%d] %s (%d questions)", d + 1, e->ndocs, e->docs[d].name, nd);
         rc = eval_doc(e, d, er);
+        if (rc && !er->msg[0]) kvz_eval_fail(er, rc, 0, 1, "evaluation of %s failed", e->docs[d].name);
         if (!rc)
             kvz_eval_say(&e->io, 0, "  done in %.1f s (%.1f s elapsed)", e->docs[d].total_s, kvz_now() - t_start);
     }

@@ -13,6 +13,7 @@
 
 #include <ctype.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,18 @@ enum { MD_SEQ = KVZ_EVAL_MD_SEQUENTIAL, MD_PAR = KVZ_EVAL_MD_PARALLEL, MD_ORACLE
 static char *jdup(const json_t *v)
 {
     return json_is_string(v) ? strndup(json_string_value(v), json_string_length(v)) : NULL;
+}
+
+/* er = "FILE:LINE: message" about a bad input line; returns rc. */
+__attribute__((format(printf, 5, 6)))
+static int bad_line(kvz_eval_error *er, int rc, const char *file, int line, const char *fmt, ...)
+{
+    char msg[sizeof er->msg - 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return kvz_eval_fail(er, rc, 1, 0, "%s:%d: %s", file, line, msg);
 }
 
 int kvz_eval_md_kind(const char *s)
@@ -196,7 +209,7 @@ static int md_parse_line(md *d, const char *qa_path, const char *root, int line_
     json_error_t err;
     json_t *o = json_loadb(p, len, 0, &err);
     if (!o || !json_is_object(o)) {
-        kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: %s", qa_path, line_no,
+        bad_line(er, KVZ_ERR_FORMAT, qa_path, line_no, "%s",
                       !o && strstr(err.text, "end of file expected") ? "text after the object" : "not a JSON object");
         json_decref(o);
         return KVZ_ERR_FORMAT;
@@ -208,28 +221,40 @@ static int md_parse_line(md *d, const char *qa_path, const char *root, int line_
                  *or = json_object_get(o, "oracle");
     if (!json_is_string(id) || !json_is_string(kind) || !json_is_string(qs) || !json_is_string(an) ||
         !json_string_length(id) || !json_string_length(qs) || !json_string_length(an)) {
-        kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "\"id\", \"kind\", \"question\" and \"answer\" must be non-empty strings", qa_path, line_no);
+        bad_line(er, KVZ_ERR_FORMAT, qa_path, line_no,
+                 "\"id\", \"kind\", \"question\" and \"answer\" must be non-empty strings");
         goto out;
     }
     q->id = jdup(id);
     q->question = jdup(qs);
     q->answer = jdup(an);
+    if (!q->id || !q->question || !q->answer) {
+        rc = kvz_eval_fail(er, KVZ_ERR_NOMEM, 0, 0, "%s:%d: out of memory", qa_path, line_no);
+        goto out;
+    }
     if ((q->kind = kvz_eval_md_kind(json_string_value(kind))) < 0) {
-        kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "question '%s': kind '%s' unknown (long, retrieval, cross)", qa_path, line_no,
-                    (q->id), (json_string_value(kind)));
+        bad_line(er, KVZ_ERR_FORMAT, qa_path, line_no,
+                 "question '%s': kind '%s' unknown (long, retrieval, cross)",
+                    q->id, json_string_value(kind));
         goto out;
     }
     if (!json_is_array(docs) || json_array_size(docs) < 1 || json_array_size(docs) > KVZ_COMPOSE_MAX_DOCS) {
-        kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "question '%s': \"docs\" must be an array of 1 to %d document ids", qa_path, line_no,
-                    (q->id), KVZ_COMPOSE_MAX_DOCS);
+        bad_line(er, KVZ_ERR_FORMAT, qa_path, line_no,
+                 "question '%s': \"docs\" must be an array of 1 to %d document ids",
+                    q->id, KVZ_COMPOSE_MAX_DOCS);
         goto out;
     }
     q->n_docs = (int)json_array_size(docs);
-    q->docs = calloc((size_t)q->n_docs, sizeof *q->docs);
+    if (!(q->docs = calloc((size_t)q->n_docs, sizeof *q->docs))) {
+        q->n_docs = 0;
+        rc = kvz_eval_fail(er, KVZ_ERR_NOMEM, 0, 0, "%s:%d: out of memory", qa_path, line_no);
+        goto out;
+    }
     for (int i = 0; i < q->n_docs; i++) {
         q->docs[i] = jdup(json_array_get(docs, i));
         if (!q->docs[i] || !q->docs[i][0]) {
-            kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "question '%s': \"docs\" must hold non-empty strings", qa_path, line_no, (q->id));
+            bad_line(er, KVZ_ERR_FORMAT, qa_path, line_no,
+                     "question '%s': \"docs\" must hold non-empty strings", q->id);
             goto out;
         }
         int pi, pj;
@@ -238,42 +263,61 @@ static int md_parse_line(md *d, const char *qa_path, const char *root, int line_
             size_t bj = md_split_id(q->docs[j], &pj);
             if (bi == bj && !strncmp(q->docs[i], q->docs[j], bi) && (pi == 0 || pj == 0 || pi == pj)) {
                 if (strcmp(q->docs[i], q->docs[j]))
-                    kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "question '%s': document '%s' is named twice (as '%s' and '%s')", qa_path, line_no,
-                                (q->id), (pi ? q->docs[j] : q->docs[i]),
-                                (q->docs[j]), (q->docs[i]));
+                    bad_line(er, KVZ_ERR_FORMAT, qa_path, line_no,
+                             "question '%s': document '%s' is named twice (as '%s' and '%s')",
+                                q->id, pi ? q->docs[j] : q->docs[i],
+                                q->docs[j], q->docs[i]);
                 else
-                    kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "question '%s': document '%s' is named twice", qa_path, line_no,
-                                (q->id), (q->docs[i]));
+                    bad_line(er, KVZ_ERR_FORMAT, qa_path, line_no,
+                             "question '%s': document '%s' is named twice",
+                                q->id, q->docs[i]);
                 goto out;
             }
         }
         if (md_find_file(d, q->docs[i], bi) < 0) {
             char *path = malloc(strlen(root) + bi + 2);
+            md_file *nf = realloc(d->files, sizeof *d->files * (size_t)(d->nfiles + 1));
+            if (nf) d->files = nf;
+            if (!path || !nf) {
+                free(path);
+                rc = kvz_eval_fail(er, KVZ_ERR_NOMEM, 0, 0, "%s:%d: out of memory", qa_path, line_no);
+                goto out;
+            }
             sprintf(path, "%s%.*s", root, (int)bi, q->docs[i]);
             struct stat st;
             if (stat(path, &st) || !S_ISREG(st.st_mode)) {
-                kvz_eval_fail(er, KVZ_ERR_NOTFOUND, 1, 0, "%s:%d: " "question '%s': unknown document '%s' (no file %s)", qa_path, line_no,
-                            (q->id), (q->docs[i]), (path));
+                bad_line(er, KVZ_ERR_NOTFOUND, qa_path, line_no,
+                         "question '%s': unknown document '%s' (no file %s)",
+                            q->id, q->docs[i], path);
                 free(path);
                 rc = KVZ_ERR_NOTFOUND;
                 goto out;
             }
-            d->files = realloc(d->files, sizeof *d->files * (size_t)(d->nfiles + 1));
-            md_file *f = &d->files[d->nfiles++];
+            md_file *f = &d->files[d->nfiles];
             memset(f, 0, sizeof *f);
-            f->name = strndup(q->docs[i], bi);
+            if (!(f->name = strndup(q->docs[i], bi))) {
+                free(path);
+                rc = kvz_eval_fail(er, KVZ_ERR_NOMEM, 0, 0, "%s:%d: out of memory", qa_path, line_no);
+                goto out;
+            }
             f->path = path;
+            d->nfiles++;
         }
     }
     if (ac) {
         if (!json_is_array(ac)) {
-            kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "question '%s': \"accept\" must be an array of strings", qa_path, line_no, (q->id));
+            bad_line(er, KVZ_ERR_FORMAT, qa_path, line_no,
+                     "question '%s': \"accept\" must be an array of strings", q->id);
             goto out;
         }
-        q->accept = calloc(json_array_size(ac) + 1, sizeof *q->accept);
+        if (!(q->accept = calloc(json_array_size(ac) + 1, sizeof *q->accept))) {
+            rc = kvz_eval_fail(er, KVZ_ERR_NOMEM, 0, 0, "%s:%d: out of memory", qa_path, line_no);
+            goto out;
+        }
         for (size_t i = 0; i < json_array_size(ac); i++) {
             if (!(q->accept[q->n_accept] = jdup(json_array_get(ac, i)))) {
-                kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "question '%s': \"accept\" must be an array of strings", qa_path, line_no, (q->id));
+                bad_line(er, KVZ_ERR_FORMAT, qa_path, line_no,
+                         "question '%s': \"accept\" must be an array of strings", q->id);
                 goto out;
             }
             q->n_accept++;
@@ -281,8 +325,10 @@ static int md_parse_line(md *d, const char *qa_path, const char *root, int line_
     }
     if (q->n_accept == 0) {
         free(q->accept);
-        q->accept = malloc(sizeof *q->accept);
-        q->accept[0] = strdup(q->answer);
+        if (!(q->accept = malloc(sizeof *q->accept)) || !(q->accept[0] = strdup(q->answer))) {
+            rc = kvz_eval_fail(er, KVZ_ERR_NOMEM, 0, 0, "%s:%d: out of memory", qa_path, line_no);
+            goto out;
+        }
         q->n_accept = 1;
     }
     if (or && !json_is_null(or)) {
@@ -302,15 +348,17 @@ static int md_parse_line(md *d, const char *qa_path, const char *root, int line_
             ok = 0;
         }
         if (!ok) {
-            kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "question '%s': \"oracle\" must be a part number (one split "
-                        "document) or ids taken from \"docs\"", qa_path, line_no, (q->id));
+            bad_line(er, KVZ_ERR_FORMAT, qa_path, line_no,
+                     "question '%s': \"oracle\" must be a part number (one split "
+                        "document) or ids taken from \"docs\"", q->id);
             goto out;
         }
         q->oracle = json_incref((json_t *)or);
     }
     for (int i = 0; i < d->nq; i++)
         if (!strcmp(d->q[i].id, q->id)) {
-            kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "question id '%s' given twice (also line %d)", qa_path, line_no, (q->id), d->q[i].line);
+            bad_line(er, KVZ_ERR_FORMAT, qa_path, line_no,
+                     "question id '%s' given twice (also line %d)", q->id, d->q[i].line);
             goto out;
         }
     rc = 0;
@@ -319,22 +367,35 @@ out:
     return rc;
 }
 
-/* docs id -> units appended to *v (a split file's id means all its parts). */
+/* docs id -> units appended to *v (a split file's id means all its parts).
+ * KVZ_ERR_NOTFOUND: no such file or part; KVZ_ERR_NOMEM. */
 static int md_expand(md *d, const char *id, int **v, int *n)
 {
     int part;
     size_t b = md_split_id(id, &part);
     int fi = md_find_file(d, id, b);
-    if (fi < 0) return -1;
+    if (fi < 0) return KVZ_ERR_NOTFOUND;
     const md_file *f = &d->files[fi];
-    if (part > 0 && (f->n_parts == 1 || part > f->n_parts)) return -1;
+    if (part > 0 && (f->n_parts == 1 || part > f->n_parts)) return KVZ_ERR_NOTFOUND;
     const int a = part ? f->first_unit + part - 1 : f->first_unit;
     const int e = part ? a + 1 : f->first_unit + f->n_parts;
     for (int u = a; u < e; u++) {
-        *v = realloc(*v, sizeof **v * (size_t)(*n + 1));
+        int *nv = realloc(*v, sizeof **v * (size_t)(*n + 1));
+        if (!nv) return KVZ_ERR_NOMEM;
+        *v = nv;
         (*v)[(*n)++] = u;
     }
     return 0;
+}
+
+/* A new zeroed record at the end of d->recs, NULL when out of memory. */
+static md_rec *md_push_rec(md *d)
+{
+    md_rec *v = realloc(d->recs, sizeof *d->recs * (size_t)(d->nrecs + 1));
+    if (!v) return NULL;
+    d->recs = v;
+    memset(&v[d->nrecs], 0, sizeof *v);
+    return &v[d->nrecs++];
 }
 
 static int md_record_done(const md *d, const char *qid, int method, double ratio)
@@ -414,7 +475,8 @@ int kvz_eval_md_read_results(kvz_eval_md *d, const char *header, kvz_eval_error 
             break;
         }
         if (!json_is_object(o)) {
-            kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "not a JSON object: not a kvzip-eval --multidoc results file", d->out_path, line_no);
+            bad_line(er, KVZ_ERR_FORMAT, d->out_path, line_no,
+                     "not a JSON object: not a kvzip-eval --multidoc results file");
             rc = KVZ_ERR_FORMAT;
         } else if (line_no == 1) {
             json_t *h = json_loads(header, 0, NULL);
@@ -422,7 +484,7 @@ int kvz_eval_md_read_results(kvz_eval_md *d, const char *header, kvz_eval_error 
                 char *s = json_dumps(o, JSON_COMPACT);
                 kvz_eval_fail(er, KVZ_ERR_ARG, 1, 0, "%s was written with other settings (%s); use the same "
                         "model, --max-tokens, --key-scale and --part-tokens, or another --out (see kvzip-eval --help)",
-                        (d->out_path), s ? (s) : "?");
+                        d->out_path, s ? (s) : "?");
                 free(s);
                 rc = KVZ_ERR_ARG;
             }
@@ -442,22 +504,26 @@ int kvz_eval_md_read_results(kvz_eval_md *d, const char *header, kvz_eval_error 
             }
             if (!json_is_string(qid) || m < 0 || !json_is_number(ra) || !json_is_boolean(co) ||
                 !json_is_number(nl2) || !tokens_ok || !json_is_integer(qp) || !json_is_number(rw)) {
-                kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "a record without id, method, ratio, correct, nll, "
-                            "tokens, q_pos or rows_per_head", d->out_path, line_no);
+                bad_line(er, KVZ_ERR_FORMAT, d->out_path, line_no,
+                         "a record without id, method, ratio, correct, nll, "
+                            "tokens, q_pos or rows_per_head");
                 rc = KVZ_ERR_FORMAT;
             } else {
-                d->recs = realloc(d->recs, sizeof *d->recs * (size_t)(d->nrecs + 1));
-                md_rec *r = &d->recs[d->nrecs++];
-                memset(r, 0, sizeof *r);
-                r->qid = jdup(qid);
+                md_rec *r = md_push_rec(d);
+                if (!r || !(r->qid = jdup(qid))) {
+                    json_decref(o);
+                    free(text);
+                    return kvz_eval_fail(er, KVZ_ERR_NOMEM, 0, 0, "%s: out of memory", d->out_path);
+                }
                 r->method = m;
                 r->ratio = json_number_value(ra);
                 r->correct = json_is_true(co);
                 r->nll = json_number_value(nl2);
                 r->q_pos = json_integer_value(qp);
                 r->rows_per_head = json_number_value(rw);
-                for (size_t i = 0; i < json_array_size(tk); i++)
-                    kvz_tokens_push(&r->tokens, (int32_t)json_integer_value(json_array_get(tk, i)));
+                for (size_t i = 0; i < json_array_size(tk) && !rc; i++)
+                    if (kvz_tokens_push(&r->tokens, (int32_t)json_integer_value(json_array_get(tk, i))))
+                        rc = kvz_eval_fail(er, KVZ_ERR_NOMEM, 0, 0, "%s: out of memory", d->out_path);
             }
         }
         json_decref(o);
@@ -496,17 +562,16 @@ static int md_write_rec(md *d, const md_q *q, int method, double ratio, const kv
     fprintf(f, "]}\n");
     if (fflush(f) || ferror(f) || fsync(fileno(f)))
         return kvz_error_set(KVZ_ERR_IO, "%s: write failed", d->out_path);
-    d->recs = realloc(d->recs, sizeof *d->recs * (size_t)(d->nrecs + 1));
-    md_rec *x = &d->recs[d->nrecs++];
-    memset(x, 0, sizeof *x);
-    x->qid = strdup(q->id);
+    md_rec *x = md_push_rec(d);
+    if (!x || !(x->qid = strdup(q->id))) return kvz_error_set(KVZ_ERR_NOMEM, "records");
     x->method = method;
     x->ratio = ratio;
     x->correct = r->correct;
     x->nll = r->nll;
     x->q_pos = cm->q_pos;
     x->rows_per_head = rph;
-    for (size_t i = 0; i < gen->n; i++) kvz_tokens_push(&x->tokens, gen->ids[i]);
+    for (size_t i = 0; i < gen->n; i++)
+        if (kvz_tokens_push(&x->tokens, gen->ids[i])) return kvz_error_set(KVZ_ERR_NOMEM, "records");
     return 0;
 }
 
@@ -566,17 +631,23 @@ static int md_add_comp(md *d, int placement, const int *units, int n, int qi, in
         if (x->placement == placement && x->n_units == n && !memcmp(x->units, units, sizeof(int) * (size_t)n)) break;
     }
     if (c == d->ncomps) {
-        d->comps = realloc(d->comps, sizeof *d->comps * (size_t)(d->ncomps + 1));
-        md_comp *x = &d->comps[d->ncomps++];
+        md_comp *v = realloc(d->comps, sizeof *d->comps * (size_t)(d->ncomps + 1));
+        if (!v) return KVZ_ERR_NOMEM;
+        d->comps = v;
+        md_comp *x = &d->comps[d->ncomps];
         memset(x, 0, sizeof *x);
         x->placement = placement;
         x->n_units = n;
-        x->units = malloc(sizeof(int) * (size_t)n);
+        if (!(x->units = malloc(sizeof(int) * (size_t)n))) return KVZ_ERR_NOMEM;
         memcpy(x->units, units, sizeof(int) * (size_t)n);
+        d->ncomps++;
     }
     md_comp *x = &d->comps[c];
-    x->q = realloc(x->q, sizeof(int) * (size_t)(x->n + 1));
-    x->m = realloc(x->m, sizeof(int) * (size_t)(x->n + 1));
+    int *nq = realloc(x->q, sizeof(int) * (size_t)(x->n + 1));
+    if (nq) x->q = nq;
+    int *nm = realloc(x->m, sizeof(int) * (size_t)(x->n + 1));
+    if (nm) x->m = nm;
+    if (!nq || !nm) return KVZ_ERR_NOMEM;
     x->q[x->n] = qi;
     x->m[x->n++] = method;
     return 0;
@@ -919,11 +990,14 @@ static int md_prepare(md *d, int32_t *max_seq_out, kvz_eval_error *er)
     for (int i = 0; i < d->nq; i++) {
         md_q *q = &d->q[i];
         for (int k = 0; k < q->n_docs; k++)
-            if (md_expand(d, q->docs[k], &q->units, &q->n_units)) {
+            if ((rc = md_expand(d, q->docs[k], &q->units, &q->n_units)) == KVZ_ERR_NOMEM) {
+                return kvz_eval_fail(er, rc, 0, 0, "out of memory");
+            } else if (rc) {
                 int part;
                 const md_file *fl = &d->files[md_find_file(d, q->docs[k], md_split_id(q->docs[k], &part))];
-                return kvz_eval_fail(er, KVZ_ERR_NOTFOUND, 1, 0, "%s:%d: " "question '%s': unknown document '%s' (%s has %d part%s of at most "
-                            "%d tokens)", qa_path, q->line, (q->id), (q->docs[k]), (fl->name),
+                return bad_line(er, KVZ_ERR_NOTFOUND, qa_path, q->line,
+                                "question '%s': unknown document '%s' (%s has %d part%s of at most "
+                            "%d tokens)", q->id, q->docs[k], fl->name,
                             fl->n_parts, fl->n_parts == 1 ? "" : "s", d->max_part);
             }
         if (q->oracle && json_is_integer(q->oracle)) {
@@ -931,9 +1005,10 @@ static int md_prepare(md *d, int32_t *max_seq_out, kvz_eval_error *er)
             const md_file *fl = &d->files[md_find_file(d, q->docs[0], md_split_id(q->docs[0], &part))];
             const json_int_t n = json_integer_value(q->oracle);
             if (part || fl->n_parts < 2 || n > fl->n_parts) {
-                kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "question '%s': oracle part %lld, but '%s' has %d part%s here "
-                            "(parts hold the default --part-tokens)", qa_path, q->line, (q->id), (long long)n,
-                            (q->docs[0]), part ? 1 : fl->n_parts, (part ? 1 : fl->n_parts) == 1 ? "" : "s");
+                bad_line(er, KVZ_ERR_FORMAT, qa_path, q->line,
+                         "question '%s': oracle part %lld, but '%s' has %d part%s here "
+                            "(parts hold the default --part-tokens)", q->id, (long long)n,
+                            q->docs[0], part ? 1 : fl->n_parts, (part ? 1 : fl->n_parts) == 1 ? "" : "s");
                 return KVZ_ERR_FORMAT;
             }
             if (!(q->ounits = malloc(sizeof(int)))) return kvz_eval_fail(er, KVZ_ERR_NOMEM, 0, 0, "out of memory");
@@ -944,14 +1019,17 @@ static int md_prepare(md *d, int32_t *max_seq_out, kvz_eval_error *er)
             for (int k = 0; k < q->n_docs; k++) /* in the order of docs */
                 for (size_t j = 0; j < n; j++) {
                     const json_t *x = json_is_string(q->oracle) ? q->oracle : json_array_get(q->oracle, j);
-                    if (!strcmp(json_string_value(x), q->docs[k])) md_expand(d, q->docs[k], &q->ounits, &q->n_ounits);
+                    if (!strcmp(json_string_value(x), q->docs[k]) &&
+                        (rc = md_expand(d, q->docs[k], &q->ounits, &q->n_ounits)))
+                        return kvz_eval_fail(er, rc, 0, 0, "out of memory");
                 }
         }
         for (int a = 0; a < q->n_units; a++)
             for (int b = 0; b < a; b++)
                 if (q->units[a] == q->units[b]) {
-                    kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "question '%s': document '%s' is named twice", qa_path, q->line,
-                                (q->id), (d->units[q->units[a]].id));
+                    bad_line(er, KVZ_ERR_FORMAT, qa_path, q->line,
+                             "question '%s': document '%s' is named twice",
+                                q->id, d->units[q->units[a]].id);
                     return KVZ_ERR_FORMAT;
                 }
         if ((rc = kvz_chat_question(d->tok, q->question, &q->qt)) ||
@@ -959,14 +1037,16 @@ static int md_prepare(md *d, int32_t *max_seq_out, kvz_eval_error *er)
             return kvz_eval_fail(er, rc, 1, 1, "question '%s': cannot tokenize", q->id);
         }
         if (q->at.n == 0) {
-            kvz_eval_fail(er, KVZ_ERR_FORMAT, 1, 0, "%s:%d: " "question '%s': the answer has no tokens", qa_path, q->line, (q->id));
+            bad_line(er, KVZ_ERR_FORMAT, qa_path, q->line, "question '%s': the answer has no tokens", q->id);
             return KVZ_ERR_FORMAT;
         }
         int32_t need = (int32_t)q->qt.n + (int32_t)(q->at.n > (size_t)d->max_tokens ? q->at.n : (size_t)d->max_tokens);
         if (need > max_seq) max_seq = need;
-        if (d->use[MD_SEQ]) md_add_comp(d, KVZ_PLACE_SEQUENTIAL, q->units, q->n_units, i, MD_SEQ);
-        if (d->use[MD_PAR]) md_add_comp(d, KVZ_PLACE_PARALLEL, q->units, q->n_units, i, MD_PAR);
-        if (d->use[MD_ORACLE] && q->n_ounits) md_add_comp(d, KVZ_PLACE_SEQUENTIAL, q->ounits, q->n_ounits, i, MD_ORACLE);
+        if ((d->use[MD_SEQ] && (rc = md_add_comp(d, KVZ_PLACE_SEQUENTIAL, q->units, q->n_units, i, MD_SEQ))) ||
+            (d->use[MD_PAR] && (rc = md_add_comp(d, KVZ_PLACE_PARALLEL, q->units, q->n_units, i, MD_PAR))) ||
+            (d->use[MD_ORACLE] && q->n_ounits &&
+             (rc = md_add_comp(d, KVZ_PLACE_SEQUENTIAL, q->ounits, q->n_ounits, i, MD_ORACLE))))
+            return kvz_eval_fail(er, rc, 0, 0, "out of memory");
     }
     *max_seq_out = max_seq;
     return 0;
