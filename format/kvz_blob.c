@@ -4,6 +4,7 @@
 #include "kvz_error.h"
 #include "kvz_kvrow.h"
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -661,18 +662,21 @@ int kvz_blob_decode_layer_hashed(const kvz_blob_meta *m, uint32_t l, const uint8
 
 typedef struct { void *p; size_t n; } outseg;
 
-/* Threads that zstd-frames decodes may add, process-wide: as many as the CPUs, so
- * that many records decoded at once (a loader's workers) do not multiply the
- * threads; a record decoded alone gets its KVZ_BLOB_DECODE_THREADS. */
-static atomic_long g_spare_threads = -1;
+/* CPUs not decoding zstd-frames records, process-wide: every decode counts itself
+ * (so sixteen loader workers decoding sixteen records at once add no threads) and
+ * adds threads only from what is left (a record decoded alone, e.g. the largest
+ * layer at the end of a load, gets its KVZ_BLOB_DECODE_THREADS). */
+static atomic_long g_spare_threads = LONG_MIN;
 
+/* Count the caller, then take up to @p want more; give back 1 + the result. */
 static size_t take_threads(size_t want)
 {
     long cur = atomic_load(&g_spare_threads);
-    if (cur < 0) {
+    if (cur == LONG_MIN) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         if (atomic_compare_exchange_strong(&g_spare_threads, &cur, n > 0 ? n : 1)) cur = n > 0 ? n : 1;
     }
+    cur = atomic_fetch_sub(&g_spare_threads, 1) - 1;
     for (;;) {
         const long take = cur < (long)want ? cur : (long)want;
         if (take <= 0) return 0;
@@ -786,7 +790,7 @@ static int decode_frames(uint32_t l, const uint8_t *comp, size_t comp_size, size
             if (!pthread_create(&th[started], NULL, frames_worker, &j)) started++;
         frames_worker(&j);
         for (size_t t = 0; t < started; t++) pthread_join(th[t], NULL);
-        atomic_fetch_add(&g_spare_threads, (long)extra);
+        atomic_fetch_add(&g_spare_threads, (long)extra + 1);
         pthread_mutex_destroy(&j.mu);
         if (j.bad < nfr) {
             err = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u zstd frame %zu of %zu: %s", l, j.bad, nfr, j.why);
