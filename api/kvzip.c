@@ -596,22 +596,19 @@ int kvzip_session_open(kvzip_model *m, kvzip_store *s, const char *doc_id,
     return 0;
 }
 
-int kvzip_session_open_text(kvzip_model *m, const char *text, size_t len,
-                            const kvzip_session_opts *opts, kvzip_session **out)
+/* kvzip_session_open_text / _chat: the chat prefix, then @p text (len 0: nothing),
+ * prefilled into a full cache; arguments checked by the callers */
+static int open_prefilled(kvzip_model *m, const char *text, size_t len, const kvzip_session_opts *opts,
+                          const kvzip_session_opts *oin, kvzip_session **out)
 {
-    NEED(out);
-    *out = NULL;
-    NEED(m);
-    NEED(text);
-    kvzip_session_opts o;
-    int rc = session_opts(opts, &o);
-    if (rc || (rc = ref_check(&m->r, 0, "model")) || (rc = check_text(text, len, "document"))) return rc;
+    kvzip_session_opts o = *oin;
+    int rc = 0;
     const kvz_tokenizer *tok = kvz_model_tokenizer(m->m);
     kvz_tokens prompt = {0};
     int32_t n_prefix = 0;
     if (!(rc = kvz_chat_prefix_sys(tok, opts ? opts->system : NULL, &prompt))) {
         n_prefix = (int32_t)prompt.n;
-        rc = kvz_tokenizer_encode(tok, text, len, 0, &prompt);
+        if (len) rc = kvz_tokenizer_encode(tok, text, len, 0, &prompt);
     }
     if (!rc && prompt.n > (size_t)1 << 30) rc = kvz_error_set(KVZIP_ERR_CONTEXT, "document too long");
     kvzip_session *ss = NULL;
@@ -644,6 +641,30 @@ int kvzip_session_open_text(kvzip_model *m, const char *text, size_t len,
     ss->info.load_s = kvz_now() - t0;
     *out = ss;
     return 0;
+}
+
+int kvzip_session_open_text(kvzip_model *m, const char *text, size_t len,
+                            const kvzip_session_opts *opts, kvzip_session **out)
+{
+    NEED(out);
+    *out = NULL;
+    NEED(m);
+    NEED(text);
+    kvzip_session_opts o;
+    int rc = session_opts(opts, &o);
+    if (rc || (rc = ref_check(&m->r, 0, "model")) || (rc = check_text(text, len, "document"))) return rc;
+    return open_prefilled(m, text, len, opts, &o, out);
+}
+
+int kvzip_session_open_chat(kvzip_model *m, const kvzip_session_opts *opts, kvzip_session **out)
+{
+    NEED(out);
+    *out = NULL;
+    NEED(m);
+    kvzip_session_opts o;
+    int rc = session_opts(opts, &o);
+    if (rc || (rc = ref_check(&m->r, 0, "model"))) return rc;
+    return open_prefilled(m, "", 0, opts, &o, out);
 }
 
 int kvzip_session_close(kvzip_session *ss)

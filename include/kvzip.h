@@ -11,6 +11,7 @@
  *     kvzip_ingest()                      document text -> compressed cache(s) in the store
  *     kvzip_session_open()                one stored document -> a KV cache in memory
  *     kvzip_session_open_text()           or: plain text prefilled into a full cache
+ *     kvzip_session_open_chat()           or: no document at all (plain chat)
  *     kvzip_ask()                         a question -> streamed answer tokens + figures
  *     kvzip_session_close() / kvzip_store_close() / kvzip_model_close()
  *
@@ -360,6 +361,15 @@ int kvzip_session_open(kvzip_model *m, kvzip_store *s, const char *doc_id,
  */
 int kvzip_session_open_text(kvzip_model *m, const char *text, size_t len,
                             const kvzip_session_opts *opts, kvzip_session **out);
+
+/**
+ * Open a session with no document: only the chat prefix (the system text of
+ * @p opts, or the model's) is prefilled, and questions are answered from what the
+ * model knows — a plain chat, as kvzip-serve answers a request without
+ * "documents". kvzip_session_info's doc_tokens == prefix_tokens.
+ * @return 0; KVZIP_ERR_ARG; KVZIP_ERR_CLOSED; KVZIP_ERR_CUDA; KVZIP_ERR_NOMEM.
+ */
+int kvzip_session_open_chat(kvzip_model *m, const kvzip_session_opts *opts, kvzip_session **out);
 
 /** Close the session and drop its references (the model or store may be freed here if
  *  their handles were closed already). @return 0 (also for NULL). */

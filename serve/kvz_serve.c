@@ -415,7 +415,8 @@ static void run_job(server *sv, job *j)
     int hit = 0;
     if (atomic_load(&j->cancel)) rc = KVZIP_ERR_CANCELED;
     else if ((ss = cache_take(sv, key))) hit = 1;
-    else if (!j->ndocs) rc = kvzip_session_open_text(sv->m, j->text, strlen(j->text), &j->so, &ss);
+    else if (!j->ndocs && j->text) rc = kvzip_session_open_text(sv->m, j->text, strlen(j->text), &j->so, &ss);
+    else if (!j->ndocs) rc = kvzip_session_open_chat(sv->m, &j->so, &ss);
     else {
         /* as kvzip-query: one whole document opens plainly, a split one or several compose */
         rc = j->ndocs == 1 ? kvzip_session_open(sv->m, sv->s, j->docs[0], &j->so, &ss) : KVZIP_ERR_NOTFOUND;
@@ -788,12 +789,12 @@ static enum MHD_Result chat(server *sv, struct MHD_Connection *c, req *rq)
              "cache (--budget %d) holds at most %d", qt, o->budget, o->budget - 8);
     j->so.max_question_tokens = qt;
     if (!j->ndocs) {
-        /* plain chat: the earlier turns are the session's text (a text session needs some) */
+        /* plain chat: the earlier turns are the session's text; a first turn opens a
+         * session on the chat prefix alone (kvzip_session_open_chat) */
         j->so.system = NULL;
-        if (hist.n) j->text = strndup(hist.p, hist.n);
-        else j->text = strdup("(no document: answer from general knowledge)");
+        if (hist.n && !(j->text = strndup(hist.p, hist.n))) FAIL(500, "server_error", NULL, "out of memory");
         int32_t tt = 0;
-        if (!kvzip_question_tokens(sv->m, j->text, &tt) && tt + qt + j->so.max_tokens > sv->mi.n_ctx)
+        if (j->text && !kvzip_question_tokens(sv->m, j->text, &tt) && tt + qt + j->so.max_tokens > sv->mi.n_ctx)
             FAIL(400, "context_length_exceeded", "messages", "the conversation (%d tokens) + question (%d) + "
                  "max_tokens (%d) exceed the model's context of %d tokens", tt, qt, j->so.max_tokens, sv->mi.n_ctx);
     }

@@ -181,6 +181,21 @@ int main(void)
     kvzip_free(ans);
     kvzip_session_close(st);
 
+    /* ---- no document (plain chat): the chat prefix alone ---- */
+    kvzip_session *sc;
+    CHECK(kvzip_session_open_chat(NULL, &so, &sc) == KVZIP_ERR_ARG);
+    CHECK(kvzip_session_open_chat(m, &so, NULL) == KVZIP_ERR_ARG);
+    REQUIRE(kvzip_session_open_chat(m, &so, &sc) == 0);
+    kvzip_session_info ci;
+    REQUIRE(kvzip_session_info_get(sc, &ci) == 0);
+    CHECK(ci.from_store == 0 && ci.prefix_tokens > 0 && ci.prefix_tokens == ti.prefix_tokens);
+    CHECK(ci.doc_tokens == ci.prefix_tokens && ci.rows_full == (uint64_t)ci.prefix_tokens * 2 * 2);
+    char *a_chat = NULL;
+    REQUIRE(kvzip_ask(sc, Q, NULL, NULL, &a_chat, &as) == 0);
+    CHECK(as.answer_tokens > 0 && a_chat != NULL);
+    kvzip_free(a_chat);
+    kvzip_session_close(sc);
+
     /* a question longer than the output buffer allows */
     kvzip_session *small;
     so.budget = 16;
@@ -254,6 +269,7 @@ int main(void)
     CHECK(kvzip_model_close(m) == 0);
     CHECK(kvzip_model_info_get(m, &mi) == KVZIP_ERR_CLOSED);
     CHECK(kvzip_session_open_text(m, DOC, strlen(DOC), &so, &st) == KVZIP_ERR_CLOSED);
+    CHECK(kvzip_session_open_chat(m, &so, &st) == KVZIP_ERR_CLOSED);
     CHECK(kvzip_store_open(dir, KVZIP_STORE_READONLY, m, &s2) == KVZIP_ERR_CLOSED);
     REQUIRE(kvzip_ask(ss, Q, NULL, NULL, &ans, NULL) == 0);   /* the session still answers */
     CHECK(!strcmp(ans, a_store));
