@@ -138,6 +138,7 @@ _session_open = _proto("kvzip_session_open", c_int, c_void_p, c_void_p, c_char_p
                        P(c_void_p))
 _session_open_text = _proto("kvzip_session_open_text", c_int, c_void_p, c_char_p, c_size_t,
                             P(_SessionOpts), P(c_void_p))
+_session_open_chat = _proto("kvzip_session_open_chat", c_int, c_void_p, P(_SessionOpts), P(c_void_p))
 _session_close = _proto("kvzip_session_close", c_int, c_void_p)
 _session_info = _proto("kvzip_session_info_get", c_int, c_void_p, P(_SessionInfo))
 _ask = _proto("kvzip_ask", c_int, c_void_p, c_char_p, _TOKEN_FN, c_void_p, P(c_void_p),
@@ -266,14 +267,15 @@ def ingest(model, store, doc_id, text, ratio=0.3, mode="global", kv_dtype="q8", 
 
 class Session(_Handle):
     """Questions against one document: Session(model, store, doc_id) loads a stored
-    cache; Session(model, text=...) prefills plain text into a full cache."""
+    cache; Session(model, text=...) prefills plain text into a full cache;
+    Session(model, chat=True) has no document (a plain chat on the chat prefix)."""
     _close = staticmethod(_session_close)
 
     def __init__(self, model, store=None, doc_id=None, text=None, budget=1024, max_tokens=256,
-                 temperature=0.0, top_p=1.0, seed=1, max_question_tokens=512, system=None):
+                 temperature=0.0, top_p=1.0, seed=1, max_question_tokens=512, system=None, chat=False):
         self._h = None
-        if (doc_id is None) == (text is None):
-            raise ValueError("give doc_id (with store) or text")
+        if (doc_id is not None) + (text is not None) + bool(chat) != 1:
+            raise ValueError("give doc_id (with store), text, or chat=True")
         o = _SessionOpts()
         _session_defaults(ctypes.byref(o))
         o.budget, o.max_tokens, o.max_question_tokens = budget, max_tokens, max_question_tokens
@@ -284,6 +286,8 @@ class Session(_Handle):
                 raise ValueError("doc_id needs a store")
             _check(_session_open(model._handle(), store._handle(), _b(doc_id), ctypes.byref(o),
                                  ctypes.byref(h)))
+        elif chat:
+            _check(_session_open_chat(model._handle(), ctypes.byref(o), ctypes.byref(h)))
         else:
             data = _b(text)
             _check(_session_open_text(model._handle(), data, len(data), ctypes.byref(o),

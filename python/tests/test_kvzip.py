@@ -47,6 +47,16 @@ with tempfile.TemporaryDirectory() as d:
         check("".join(pieces) == a and s.last_stats["answer_tokens"] > 0, "stream == answer")
         check(t.ask("What is the PIN?") == a, "text session == stored r=1 session")
         check(raises(kvzip.ERR_EMPTY, lambda: s.ask("")), "empty question")
+    with kvzip.Session(tiny, chat=True, max_tokens=8) as c:
+        check(c.info["doc_tokens"] == c.info["prefix_tokens"] > 0 and c.info["from_store"] == 0,
+              "chat session holds the prefix only")
+        check(isinstance(c.ask("Say hello."), str) and c.last_stats["answer_tokens"] > 0, "chat answers")
+    try:
+        kvzip.Session(tiny, text=doc, chat=True)
+        both = False
+    except ValueError:
+        both = True
+    check(both, "text and chat at once is refused")
     check(raises(kvzip.ERR_NOTFOUND, lambda: kvzip.Session(tiny, st, "nope")), "unknown doc")
     st.close()
     check(raises(kvzip.ERR_CLOSED, lambda: "q.txt" in st), "closed store")
