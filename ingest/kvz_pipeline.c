@@ -455,12 +455,16 @@ static void cpu_flush(kvz_pipeline *p)
         free(items);
     }
     for (int i = done; i < p->cq_n; i++) {
+        if (p->fatal) { /* queued when the store stopped: not attempted (res NULL) */
+            char det[600];
+            snprintf(det, sizeof det, "not stored: %.400s", p->fatal_detail);
+            if (p->done_fn) p->done_fn(p->done_ctx, p->cq[i].doc_id, p->fatal, det, NULL, p->cq[i].user);
+            continue;
+        }
         kvz_ingest_result r;
         memset(&r, 0, sizeof r);
-        const int rc = p->fatal ? p->fatal : KVZ_ERR_NOMEM;
-        if (p->fatal) kvz_error_set(rc, "not stored: %.400s", p->fatal_detail);
-        else kvz_error_set(rc, "ingest: no memory for the batch");
-        cpu_done(p, p->cq[i].doc_id, rc, &r, p->cq[i].user);
+        kvz_error_set(KVZ_ERR_NOMEM, "ingest: no memory for the batch");
+        cpu_done(p, p->cq[i].doc_id, KVZ_ERR_NOMEM, &r, p->cq[i].user);
     }
     for (int i = 0; i < p->cq_n; i++) {
         free(p->cq[i].doc_id);
@@ -510,8 +514,9 @@ static int cpu_submit(kvz_pipeline *p, const char *doc_id, const char *source_pa
     it->user = user;
     p->cq_n++;
     p->cq_tokens += 2 * (int64_t)(n_ctx > 0 ? n_ctx : 0) + 20;
-    /* four passes' worth: the last, partial pass of a flush costs at most ~1/4 more */
-    if (p->o.kp.batch_tokens <= 0 || p->cq_tokens >= 4 * (int64_t)p->o.kp.batch_tokens || p->cq_n >= 256)
+    /* two passes' worth: few documents computed but not yet committed at any time (a
+     * kill loses them, never part of one), passes still nearly full */
+    if (p->o.kp.batch_tokens <= 0 || p->cq_tokens >= 2 * (int64_t)p->o.kp.batch_tokens || p->cq_n >= 256)
         cpu_flush(p);
     return p->fatal;
 }

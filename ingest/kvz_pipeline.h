@@ -17,7 +17,7 @@
  * (kvz_store_put_doc_shared) when the store does not hold them yet; the model still
  * prefills the prefix itself.
  * On the CPU backend (the model already uses every core) a submit queues the document;
- * once the queue holds about four passes' worth of short documents (4 x
+ * once the queue holds about two passes' worth of short documents (2 x
  * kvz_kvzip_params.batch_tokens), and at drain / free, it is computed by
  * kvz_ingest_docs() (several short documents per forward pass, each committed in its
  * own transaction as kvz_ingest_doc() commits it) and reported through the same
