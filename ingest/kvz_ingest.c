@@ -414,6 +414,12 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
 
 /* ---- several short documents per forward pass (kvz_ingest_docs) ---- */
 
+/* Tokens of a batched pass: batch_tokens, at most one internal CPU pass (1,024). */
+static int32_t pass_tokens(const kvz_ingest_opts *o)
+{
+    return o->kp.batch_tokens < 1024 ? o->kp.batch_tokens : 1024;
+}
+
 /* Tokens document @p d takes in a batched pass, or 0 when it goes alone: batching
  * needs the shared prefix stored (the batch cache starts from it) and a short
  * document (kvz_kvzip_batch_len). */
@@ -421,7 +427,7 @@ static int32_t batch_len(const kvz_model *m, const kvz_ingest_opts *o, const doc
 {
     if (o->kp.batch_tokens <= 0 || !d->shared || d->have_prefix != 1 || d->linked) return 0;
     const int32_t len = kvz_kvzip_batch_len(m, d->n_ctx, &o->kp);
-    return len > 0 && len <= o->kp.batch_tokens ? len : 0;
+    return len > 0 && len <= pass_tokens(o) ? len : 0;
 }
 
 /* Document @p d's prefix + context rows out of the batch cache @p bkv (context at
@@ -568,7 +574,7 @@ int32_t kvz_ingest_docs(kvz_model *m, kvz_store *st, const kvz_ingest_item *item
             int prc = prep_doc(m, st, items[g1].source_path, items[g1].ctx, items[g1].n_ctx,
                                &po, &res[g1], &dp[g1]);
             const int32_t l = prc ? 0 : batch_len(m, o, &dp[g1]);
-            int fits = l > 0 && tokens + l <= o->kp.batch_tokens && !memcmp(dp[g1].phash, dp[i].phash, 16);
+            int fits = l > 0 && tokens + l <= pass_tokens(o) && !memcmp(dp[g1].phash, dp[i].phash, 16);
             for (int32_t j = i; j < g1 && fits; j++)
                 fits = memcmp(res[j].hash, res[g1].hash, 16) && strcmp(items[j].doc_id, items[g1].doc_id);
             if (!fits) {

@@ -54,11 +54,12 @@ typedef struct kvz_kvzip_params {
                                 kvz_kvzip_prefill_score). Short documents save one pass's fixed
                                 cost (every weight tile dequantized once more); longer ones gain
                                 nothing and the CPU pass grows costlier per token past ~256. */
-    int32_t batch_tokens;  /**< CPU, with the prefix rows already in the cache: short documents
-                                (each passing the one_pass test) are scored several in ONE forward
-                                pass of at most this many tokens (kvz_kvzip_score_batch; default
-                                KVZ_KVZIP_BATCH_TOKENS, at most 1024; 0: one document per pass).
-                                Changes speed, not scores (up to rounding). */
+    int32_t batch_tokens;  /**< CPU, kvz_ingest_docs with the shared prefix stored: short
+                                documents (each passing the one_pass test) are scored several in
+                                ONE forward pass of at most this many tokens (kvz_kvzip_score_batch;
+                                default KVZ_KVZIP_BATCH_TOKENS; values above 1024 count as 1024;
+                                0: one document per pass). Changes speed, not scores (up to
+                                rounding). Not part of the blob's parameters. */
 } kvz_kvzip_params;
 
 void kvz_kvzip_defaults(kvz_kvzip_params *p);
