@@ -471,10 +471,10 @@ static int extract_doc(const kvz_model *m, const kvz_kv *bkv, const doc_prep *d,
 /* Score the group [g0, g1) of prepared short documents in one pass and finish each;
  * reports through @p done. If the pass itself fails, every document of the group is
  * computed alone instead, so that one bad document cannot take the others with it.
- * @return the number of documents reported (g1 - g0 unless the callback stopped). */
+ * @return the number of documents reported; *stop = 1 when the callback stopped. */
 static int32_t run_group(kvz_model *m, kvz_store *st, const kvz_ingest_item *it, int32_t g0, int32_t g1,
                          const kvz_ingest_opts *o, doc_prep *dp, kvz_ingest_result *res,
-                         kvz_ingest_item_fn done, void *done_ctx)
+                         kvz_ingest_item_fn done, void *done_ctx, int *stop)
 {
     const int32_t k = g1 - g0;
     const doc_prep *d0 = &dp[g0];
@@ -519,7 +519,10 @@ static int32_t run_group(kvz_model *m, kvz_store *st, const kvz_ingest_item *it,
             drc = o->progress(o->progress_ctx, total, total);
         }
         reported++;
-        if (done && done(done_ctx, j, drc, &res[j])) break;
+        if (done && done(done_ctx, j, drc, &res[j])) {
+            *stop = 1;
+            break;
+        }
     }
     kvz_kv_free(bkv);
     kvz_kv_free(kv);
@@ -585,10 +588,10 @@ int32_t kvz_ingest_docs(kvz_model *m, kvz_store *st, const kvz_ingest_item *item
             tokens += l;
             g1++;
         }
-        const int32_t r = run_group(m, st, items, i, g1, o, dp, res, done, done_ctx);
+        int stop = 0;
+        reported += run_group(m, st, items, i, g1, o, dp, res, done, done_ctx, &stop);
         for (int32_t j = i; j < g1; j++) prep_free(&dp[j]);
-        reported += r;
-        if (r < g1 - i) break;
+        if (stop) break;
         i = g1;
     }
     for (int32_t j = 0; j < n; j++) prep_free(&dp[j]);

@@ -18,7 +18,8 @@
  *     one (fails alone) and one with a token id out of the vocabulary sharing a pass
  *     with another (the pass fails: the other is computed alone and stored, the bad one
  *     alone fails). Same statuses, and per document the same kept positions in every
- *     head and K/V within the stored q8 rounding.
+ *     head and K/V within the stored q8 rounding. And a callback that stops the call at
+ *     the last document of a batch: nothing after it is computed or stored.
  */
 #include "kvz_test.h"
 
@@ -280,6 +281,19 @@ static int on_item(void *ctx, int32_t i, int rc, const kvz_ingest_result *res)
     return 0;
 }
 
+typedef struct stopper {
+    int stop_at, calls;
+} stopper;
+
+static int on_item_stop(void *ctx, int32_t i, int rc, const kvz_ingest_result *res)
+{
+    stopper *s = ctx;
+    (void)rc;
+    (void)res;
+    s->calls++;
+    return i == s->stop_at;
+}
+
 /* every head's kept positions and K/V of @p id in both stores */
 static void same_doc(kvz_model *m, kvz_store *s1, kvz_store *s2, const char *id)
 {
@@ -377,8 +391,24 @@ static void part_library(kvz_model *m, const kvz_tokens *docs, const kvz_tokens 
     CHECK(ob.status[4] == KVZ_STORE_LINKED && ob.status[3] == KVZ_STORE_WRITTEN && ob.status[7] == KVZ_STORE_WRITTEN);
     kvz_store_close(s1);
     kvz_store_close(s2);
-    char cmd[200];
-    snprintf(cmd, sizeof cmd, "rm -rf %s %s", d1, d2);
+
+    /* the callback stops the call at the last document of a batch: nothing after it is
+     * computed or stored, and the count says where it stopped */
+    char d3[] = "/tmp/kvz_test_batch3_XXXXXX";
+    kvz_store *s3 = NULL;
+    if (mkdtemp(d3) && kvz_store_open(d3, KVZ_STORE_CREATE, 0, fp, &s3) == 0) {
+        const kvz_ingest_item two[] = {items[0], items[1], items[2], items[4]}; /* d0 | d2 d3 | d2copy */
+        stopper sp = {.stop_at = 2};
+        const int32_t got = kvz_ingest_docs(m, s3, two, 4, &io, on_item_stop, &sp);
+        kvz_store_doc_info info;
+        CHECKF(got == 3 && sp.calls == 3, "stopped call reported %d (%d callbacks), want 3", got, sp.calls);
+        CHECK(kvz_store_lookup(s3, "d3", &info) == 0 && kvz_store_lookup(s3, "d2copy", &info) == KVZ_ERR_NOTFOUND);
+        kvz_store_close(s3);
+    } else {
+        CHECKF(0, "third store");
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s %s %s", d1, d2, d3);
     if (system(cmd)) fprintf(stderr, "cannot remove %s %s\n", d1, d2);
 }
 
