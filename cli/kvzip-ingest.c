@@ -316,8 +316,9 @@ static int on_progress(void *ctx, int64_t done, int64_t total)
 /* ---- each document's parts through the ingest pipeline ----
  * The ID#N part policy of kvz_ingest_document (ingest/kvz_parts.h) with the parts
  * ingested by kvz_pipeline (ingest/kvz_pipeline.h: on the CUDA backend the GPU scores
- * the next part while the last ones are encoded and committed; on the CPU a submit is
- * kvz_ingest_doc itself): kvz_ingest_parts_check before the first part is submitted,
+ * the next part while the last ones are encoded and committed; on the CPU submits are
+ * queued and computed by kvz_ingest_docs, several short documents per forward pass):
+ * kvz_ingest_parts_check before the first part is submitted,
  * each part's number recorded in its entry, kvz_ingest_parts_prune once every part of
  * the document is committed; a failed part stops the document (earlier parts stay,
  * nothing is pruned). Results arrive in submission order through on_done. */

@@ -117,14 +117,39 @@ static int load_prefix(kvz_store *st, const uint8_t ph[16], const uint8_t fp[16]
     return rc;
 }
 
-int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *source_path,
-                   const int32_t *ctx, int32_t n_ctx, const kvz_ingest_opts *o,
-                   kvz_ingest_result *res)
+/* What kvz_ingest_doc decides before any model work: tokens, blob METAs, content
+ * hashes, the doc entry; and whether the content is stored already (linked then). */
+typedef struct doc_prep {
+    kvz_tokens all;          /* prefix + context tokens */
+    int32_t n_prefix, n_ctx;
+    int shared;              /* the prefix goes to a shared prefix blob */
+    int have_prefix;         /* the store holds that prefix blob */
+    int linked;              /* done without model work (stored already) */
+    uint32_t *counts;        /* (n_layer, n_kv_head) context rows kept */
+    uint32_t *pcounts;       /* (n_layer, n_kv_head) = n_prefix */
+    kvz_blob_meta bm, pm;    /* the document's META, the prefix blob's META */
+    uint8_t phash[16];
+    kvz_store_doc_info info;
+    double t0;
+} doc_prep;
+
+static void prep_free(doc_prep *d)
+{
+    free(d->counts);
+    free(d->pcounts);
+    kvz_tokens_free(&d->all);
+    memset(d, 0, sizeof *d);
+}
+
+static int prep_doc(kvz_model *m, kvz_store *st, const char *source_path,
+                    const int32_t *ctx, int32_t n_ctx, const kvz_ingest_opts *o, kvz_ingest_result *res,
+                    doc_prep *d)
 {
     const kvz_config *c = kvz_model_config(m);
     const kvz_tokenizer *tok = kvz_model_tokenizer(m);
     memset(res, 0, sizeof *res);
-    const double t0 = kvz_now();
+    memset(d, 0, sizeof *d);
+    d->t0 = kvz_now();
     if (!tok) return kvz_error_set(KVZ_ERR_ARG, "ingest needs a model with a tokenizer");
     if (n_ctx <= 0) return kvz_error_set(KVZ_ERR_EMPTY, "document has no tokens");
     if (n_ctx > kvz_ingest_max_part_tokens(m))
@@ -136,17 +161,13 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
         return kvz_error_set(KVZ_ERR_ARG, "KV dtype %u cannot hold the model's head_dim %d "
                              "(q8/q4 need a multiple of %d)", o->dtype, c->head_dim, KVZ_KV_QGROUP);
 
-    kvz_tokens all = {0};
-    int rc = kvz_chat_prefix(tok, &all);
-    const int32_t n_prefix = (int32_t)all.n;
-    for (int32_t i = 0; i < n_ctx && !rc; i++) rc = kvz_tokens_push(&all, ctx[i]);
-    if (rc) {
-        kvz_tokens_free(&all);
-        return rc;
-    }
+    int rc = kvz_chat_prefix(tok, &d->all);
+    const int32_t n_prefix = (int32_t)d->all.n;
+    for (int32_t i = 0; i < n_ctx && !rc; i++) rc = kvz_tokens_push(&d->all, ctx[i]);
+    if (rc) return rc;
     const int nlh = c->n_layer * c->n_kv_head;
-    const int hd = c->head_dim;
-    const int H = c->n_kv_head;
+    d->n_prefix = n_prefix;
+    d->n_ctx = n_ctx;
     res->n_prefix = n_prefix;
     res->n_ctx = n_ctx;
     res->pairs_total = (int64_t)nlh * n_ctx;
@@ -154,60 +175,72 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
 
     /* The system prefix's K/V is the same in every document: stored once as a
      * prefix blob (docs/FORMAT.md §3.1), named by its content hash, referenced here. */
-    const int shared = n_prefix > 0;
-    uint32_t *counts = calloc((size_t)nlh, sizeof *counts);   /* (n_layer, n_kv_head) context rows */
-    uint32_t *pcounts = calloc((size_t)nlh, sizeof *pcounts); /* (n_layer, n_kv_head) = n_prefix */
-    kvz_blob_meta bm, pm;
-    kvz_ingest_blob_meta(m, o, n_prefix, n_ctx, counts, &bm);
-    uint8_t params[KVZ_BLOB_PARAMS_SIZE], phash[16] = {0};
-    if (shared) {
-        bm.prefix_policy = KVZ_PREFIX_SHARED;
-        kvz_ingest_prefix_meta(&bm, pcounts, &pm);
-        kvz_blob_params_bytes(&pm, params);
-        kvz_blob_content_hash(pm.fingerprint, params, sizeof params, (size_t)n_prefix, all.ids, phash);
-        memcpy(bm.prefix_ref, phash, 16);
+    d->shared = n_prefix > 0;
+    d->counts = calloc((size_t)nlh, sizeof *d->counts);
+    d->pcounts = calloc((size_t)nlh, sizeof *d->pcounts);
+    if (!d->counts || !d->pcounts) return KVZ_ERR_NOMEM;
+    kvz_ingest_blob_meta(m, o, n_prefix, n_ctx, d->counts, &d->bm);
+    uint8_t params[KVZ_BLOB_PARAMS_SIZE];
+    if (d->shared) {
+        d->bm.prefix_policy = KVZ_PREFIX_SHARED;
+        kvz_ingest_prefix_meta(&d->bm, d->pcounts, &d->pm);
+        kvz_blob_params_bytes(&d->pm, params);
+        kvz_blob_content_hash(d->pm.fingerprint, params, sizeof params, (size_t)n_prefix, d->all.ids, d->phash);
+        memcpy(d->bm.prefix_ref, d->phash, 16);
     }
-    kvz_blob_params_bytes(&bm, params);
-    kvz_blob_content_hash(bm.fingerprint, params, sizeof params, all.n, all.ids, res->hash);
+    kvz_blob_params_bytes(&d->bm, params);
+    kvz_blob_content_hash(d->bm.fingerprint, params, sizeof params, d->all.n, d->all.ids, res->hash);
 
-    kvz_store_doc_info info;
-    memset(&info, 0, sizeof info);
-    snprintf(info.source_path, sizeof info.source_path, "%s", source_path ? source_path : "");
-    info.n_tokens = all.n;
-    info.ratio = o->kp.ratio;
-    info.mode = bm.mode;
-    info.part = o->part;
-    info.bytes_kv_full = res->bytes_full;
+    kvz_store_doc_info *info = &d->info;
+    snprintf(info->source_path, sizeof info->source_path, "%s", source_path ? source_path : "");
+    info->n_tokens = d->all.n;
+    info->ratio = o->kp.ratio;
+    info->mode = d->bm.mode;
+    info->part = o->part;
+    info->bytes_kv_full = res->bytes_full;
 
-    /* already stored (this id or another): link without model work */
-    kvz_store_doc_info old;
-    int have = kvz_store_has_hash(st, res->hash);
-    if (have < 0) {
-        rc = have;
-        goto done;
-    }
+    /* already stored (this id or another): link_doc, without model work */
+    const int have = kvz_store_has_hash(st, res->hash);
+    if (have < 0) return have;
     if (have) {
-        if (kvz_store_lookup(st, doc_id, &old) == 0 && !memcmp(old.hash, res->hash, 16))
-            info.bytes_kv_kept = old.bytes_kv_kept;
-        else
-            info.bytes_kv_kept = 0; /* filled from the stored meta by the reader if needed */
-        rc = kvz_store_put_doc(st, doc_id, res->hash, &info, NULL, NULL, 0, &res->status);
-        if (!rc && kvz_store_lookup(st, doc_id, &old) == 0) {
-            res->bytes_stored = old.bytes_stored;
-            res->bytes_kept = old.bytes_kv_kept;
-        }
-        goto done;
+        d->linked = 1;
+        return 0;
     }
     /* the prefix blob already stored: its K/V is the cache's start (no prefill) */
-    const int have_prefix = shared ? kvz_store_has_prefix(st, phash) : 0;
-    if (have_prefix < 0) {
-        rc = have_prefix;
-        goto done;
-    }
+    d->have_prefix = d->shared ? kvz_store_has_prefix(st, d->phash) : 0;
+    return d->have_prefix < 0 ? d->have_prefix : 0;
+}
 
-    /* score, select */
-    kvz_kv *kv = NULL;
-    float *scores = malloc(sizeof(float) * (size_t)res->pairs_total);
+/* A prepared document whose content is stored already: name it (one transaction). */
+static int link_doc(kvz_store *st, const char *doc_id, kvz_ingest_result *res, doc_prep *d)
+{
+    kvz_store_doc_info old;
+    if (kvz_store_lookup(st, doc_id, &old) == 0 && !memcmp(old.hash, res->hash, 16))
+        d->info.bytes_kv_kept = old.bytes_kv_kept;
+    else
+        d->info.bytes_kv_kept = 0; /* filled from the stored meta by the reader if needed */
+    int rc = kvz_store_put_doc(st, doc_id, res->hash, &d->info, NULL, NULL, 0, &res->status);
+    if (!rc && kvz_store_lookup(st, doc_id, &old) == 0) {
+        res->bytes_stored = old.bytes_stored;
+        res->bytes_kept = old.bytes_kv_kept;
+    }
+    return rc;
+}
+
+/* Select, encode and commit a prepared document whose cache @p kv holds its prefix +
+ * context rows (every head) and whose scores are @p scores (NULL: on the device,
+ * where the cache is compacted). One store transaction. */
+static int finish_doc(kvz_model *m, kvz_store *st, const char *doc_id, const kvz_ingest_opts *o,
+                      kvz_ingest_result *res, doc_prep *d, kvz_kv *kv, const float *scores)
+{
+    const kvz_config *c = kvz_model_config(m);
+    const int nlh = c->n_layer * c->n_kv_head, hd = c->head_dim, H = c->n_kv_head;
+    const int32_t n_prefix = d->n_prefix, n_ctx = d->n_ctx;
+    const int shared = d->shared, have_prefix = d->have_prefix, compact = scores == NULL;
+    const size_t rb = kvz_kv_row_bytes(o->dtype, (size_t)hd);
+    uint32_t *counts = d->counts;
+    kvz_blob_meta *bm = &d->bm, *pm = &d->pm;
+    int rc = 0;
     uint8_t *keep = malloc((size_t)res->pairs_total);
     uint8_t **recs = calloc(2 * ((size_t)c->n_layer + 1), sizeof *recs); /* doc, then prefix */
     kvz_store_rec *srec = calloc(2 * (size_t)c->n_layer, sizeof *srec);
@@ -217,38 +250,17 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
     uint32_t *pos = malloc(sizeof(uint32_t) * (size_t)(n_prefix + n_ctx) * H);
     uint8_t *kb = malloc(rb * (size_t)(n_prefix + n_ctx) * H);
     uint8_t *vb = malloc(rb * (size_t)(n_prefix + n_ctx) * H);
-    if (!scores || !keep || !recs || !srec || !counts || !pcounts || !kf || !vf || !pf || !pos || !kb || !vb) {
+    if (!keep || !recs || !srec || !kf || !vf || !pf || !pos || !kb || !vb) {
         rc = KVZ_ERR_NOMEM;
         goto free_work;
     }
-    const int64_t cap = kvz_kvzip_cache_rows(m, n_prefix, n_ctx, &o->kp);
-    if (cap < 0) {
-        rc = (int)cap;
-        goto free_work;
-    }
-    if ((rc = kvz_kv_create(m, cap, 0, &kv)))
-        goto free_work;
-    int compact = 0; /* device: scores stay there; top-k and compaction on the GPU */
-#ifdef KVZ_HAVE_CUDA
-    compact = kvz_model_device(m) == KVZ_DEVICE_CUDA;
-#endif
-    if (have_prefix) {
-        /* stored prefix rows, then prefill only the context and score it */
-        if ((rc = load_prefix(st, phash, bm.fingerprint, &pm, kv))) goto free_work;
-        rc = kvz_kvzip_prefill_score(m, kv, all.ids, n_prefix, n_prefix, ctx, n_ctx, &o->kp,
-                                     compact ? NULL : scores, o->progress, o->progress_ctx);
-    } else {
-        rc = kvz_kvzip_score(m, kv, all.ids, n_prefix, ctx, n_ctx, &o->kp, compact ? NULL : scores,
-                             o->progress, o->progress_ctx);
-    }
-    if (rc) goto free_work;
 
     /* the prefix blob's records, when the store lacks them: rows 0..n_prefix-1 */
     uint8_t **precs = recs + c->n_layer + 1;
     kvz_store_rec *psrec = srec + c->n_layer;
     size_t pmeta_len = 0;
     if (shared && !have_prefix) {
-        rc = kvz_blob_encode_meta(&pm, o->zstd_level, &precs[c->n_layer], &pmeta_len);
+        rc = kvz_blob_encode_meta(pm, o->zstd_level, &precs[c->n_layer], &pmeta_len);
         for (int l = 0; l < c->n_layer && !rc; l++) {
             size_t row = 0, len = 0;
             for (int h = 0; h < H && !rc; h++) {
@@ -257,7 +269,7 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
                 if (!(rc = kvz_kvrow_encode(o->dtype, kf, (size_t)n_prefix, (size_t)hd, kb + (row - n_prefix) * rb)))
                     rc = kvz_kvrow_encode(o->dtype, vf, (size_t)n_prefix, (size_t)hd, vb + (row - n_prefix) * rb);
             }
-            if (!rc) rc = kvz_blob_encode_layer(&pm, (uint32_t)l, pos, kb, vb, o->zstd_level, &precs[l], &len);
+            if (!rc) rc = kvz_blob_encode_layer(pm, (uint32_t)l, pos, kb, vb, o->zstd_level, &precs[l], &len);
             psrec[l] = (kvz_store_rec){precs[l], len};
         }
         if (rc) goto free_work;
@@ -269,7 +281,8 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
         kept = kvz_cuda_kvzip_select(kv, n_prefix, n_ctx, o->kp.ratio, o->kp.mode, keep, counts);
     } else
 #endif
-        kept = kvz_kvzip_select(scores, c->n_layer, H, n_ctx, o->kp.ratio, o->kp.mode, keep, counts);
+        kept = compact ? kvz_error_set(KVZ_ERR_ARG, "ingest: no scores")
+                       : kvz_kvzip_select(scores, c->n_layer, H, n_ctx, o->kp.ratio, o->kp.mode, keep, counts);
     if (kept < 0) {
         rc = (int)kept;
         goto free_work;
@@ -278,11 +291,11 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
     if (!shared)
         for (int i = 0; i < nlh; i++) counts[i] += (uint32_t)n_prefix; /* (no prefix: +0) */
     res->bytes_kept = (uint64_t)(kept + (int64_t)nlh * n_prefix) * 2u * rb;
-    info.bytes_kv_kept = res->bytes_kept;
+    d->info.bytes_kv_kept = res->bytes_kept;
 
     /* encode: one META + one LAYER record per layer, context rows only (SHARED) */
     size_t meta_len;
-    if ((rc = kvz_blob_encode_meta(&bm, o->zstd_level, &recs[c->n_layer], &meta_len))) goto free_work;
+    if ((rc = kvz_blob_encode_meta(bm, o->zstd_level, &recs[c->n_layer], &meta_len))) goto free_work;
     const int32_t skip = shared ? n_prefix : 0; /* prefix rows live in the prefix blob */
     for (int l = 0; l < c->n_layer && !rc; l++) {
         size_t row = 0, len = 0;
@@ -312,7 +325,7 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
                     hv[h] = (const uint8_t *)dv + (off + skip) * rb;
                     off += skip + counts[(size_t)l * H + h];
                 }
-                if (!rc) rc = kvz_blob_encode_layer_heads(&bm, (uint32_t)l, hp, hk, hv, o->zstd_level, &recs[l], &len);
+                if (!rc) rc = kvz_blob_encode_layer_heads(bm, (uint32_t)l, hp, hk, hv, o->zstd_level, &recs[l], &len);
             }
             srec[l] = (kvz_store_rec){recs[l], len};
             continue;
@@ -330,35 +343,261 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
                 row++;
             }
         }
-        if (!rc) rc = kvz_blob_encode_layer(&bm, (uint32_t)l, pos, kb, vb, o->zstd_level, &recs[l], &len);
+        if (!rc) rc = kvz_blob_encode_layer(bm, (uint32_t)l, pos, kb, vb, o->zstd_level, &recs[l], &len);
         srec[l] = (kvz_store_rec){recs[l], len};
     }
     if (rc) goto free_work;
     kvz_store_rec mrec = {recs[c->n_layer], meta_len};
     if (shared) {
         kvz_store_rec pmrec = {precs[c->n_layer], pmeta_len};
-        rc = kvz_store_put_doc_shared(st, doc_id, res->hash, &info, &mrec, srec, (uint32_t)c->n_layer, phash,
+        rc = kvz_store_put_doc_shared(st, doc_id, res->hash, &d->info, &mrec, srec, (uint32_t)c->n_layer, d->phash,
                                       have_prefix ? NULL : &pmrec, have_prefix ? NULL : psrec,
                                       &res->status, NULL);
     } else {
-        rc = kvz_store_put_doc(st, doc_id, res->hash, &info, &mrec, srec, (uint32_t)c->n_layer, &res->status);
+        rc = kvz_store_put_doc(st, doc_id, res->hash, &d->info, &mrec, srec, (uint32_t)c->n_layer, &res->status);
     }
-    if (!rc && kvz_store_lookup(st, doc_id, &old) == 0) res->bytes_stored = old.bytes_stored;
+    kvz_store_doc_info now;
+    if (!rc && kvz_store_lookup(st, doc_id, &now) == 0) res->bytes_stored = now.bytes_stored;
 free_work:
     if (recs)
         for (int l = 0; l < 2 * (c->n_layer + 1); l++) free(recs[l]);
     free(recs);
     free(srec);
-    free(scores);
     free(keep);
     free(kf); free(vf); free(pf); free(pos); free(kb); free(vb);
-    kvz_kv_free(kv);
-done:
-    free(counts);
-    free(pcounts);
-    kvz_tokens_free(&all);
-    res->seconds = kvz_now() - t0;
     return rc;
+}
+
+/* Prefill + score one prepared document in a cache of its own, then finish it. */
+static int compute_doc(kvz_model *m, kvz_store *st, const char *doc_id, const int32_t *ctx,
+                       const kvz_ingest_opts *o, kvz_ingest_result *res, doc_prep *d)
+{
+    const int32_t n_prefix = d->n_prefix, n_ctx = d->n_ctx;
+    kvz_kv *kv = NULL;
+    float *scores = malloc(sizeof(float) * (size_t)res->pairs_total);
+    if (!scores) return KVZ_ERR_NOMEM;
+    int rc = 0;
+    const int64_t cap = kvz_kvzip_cache_rows(m, n_prefix, n_ctx, &o->kp);
+    if (cap < 0) rc = (int)cap;
+    if (!rc) rc = kvz_kv_create(m, cap, 0, &kv);
+    int compact = 0; /* device: scores stay there; top-k and compaction on the GPU */
+#ifdef KVZ_HAVE_CUDA
+    compact = kvz_model_device(m) == KVZ_DEVICE_CUDA;
+#endif
+    if (rc) {
+    } else if (d->have_prefix) {
+        /* stored prefix rows, then prefill only the context and score it */
+        if (!(rc = load_prefix(st, d->phash, d->bm.fingerprint, &d->pm, kv)))
+            rc = kvz_kvzip_prefill_score(m, kv, d->all.ids, n_prefix, n_prefix, ctx, n_ctx, &o->kp,
+                                         compact ? NULL : scores, o->progress, o->progress_ctx);
+    } else {
+        rc = kvz_kvzip_score(m, kv, d->all.ids, n_prefix, ctx, n_ctx, &o->kp, compact ? NULL : scores,
+                             o->progress, o->progress_ctx);
+    }
+    if (!rc) rc = finish_doc(m, st, doc_id, o, res, d, kv, compact ? NULL : scores);
+    free(scores);
+    kvz_kv_free(kv);
+    return rc;
+}
+
+int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *source_path,
+                   const int32_t *ctx, int32_t n_ctx, const kvz_ingest_opts *o,
+                   kvz_ingest_result *res)
+{
+    doc_prep d;
+    int rc = prep_doc(m, st, source_path, ctx, n_ctx, o, res, &d);
+    if (!rc) rc = d.linked ? link_doc(st, doc_id, res, &d) : compute_doc(m, st, doc_id, ctx, o, res, &d);
+    res->seconds = kvz_now() - d.t0;
+    prep_free(&d);
+    return rc;
+}
+
+/* ---- several short documents per forward pass (kvz_ingest_docs) ---- */
+
+/* Tokens of a batched pass: batch_tokens, at most one internal CPU pass (1,024). */
+static int32_t pass_tokens(const kvz_ingest_opts *o)
+{
+    return o->kp.batch_tokens < 1024 ? o->kp.batch_tokens : 1024;
+}
+
+/* Tokens document @p d takes in a batched pass, or 0 when it goes alone: batching
+ * needs the shared prefix stored (the batch cache starts from it) and a short
+ * document (kvz_kvzip_batch_len). */
+static int32_t batch_len(const kvz_model *m, const kvz_ingest_opts *o, const doc_prep *d)
+{
+    if (o->kp.batch_tokens <= 0 || !d->shared || d->have_prefix != 1 || d->linked) return 0;
+    const int32_t len = kvz_kvzip_batch_len(m, d->n_ctx, &o->kp);
+    return len > 0 && len <= pass_tokens(o) ? len : 0;
+}
+
+/* Document @p d's prefix + context rows out of the batch cache @p bkv (context at
+ * rows n_prefix + row0) into @p kv (cleared first), head-major per layer. */
+static int extract_doc(const kvz_model *m, const kvz_kv *bkv, const doc_prep *d, int64_t row0, kvz_kv *kv)
+{
+    const kvz_config *c = kvz_model_config(m);
+    const int H = c->n_kv_head, hd = c->head_dim;
+    const int32_t np = d->n_prefix, nc = d->n_ctx, per = np + nc;
+    float *k = malloc(sizeof(float) * (size_t)per * H * hd), *v = malloc(sizeof(float) * (size_t)per * H * hd);
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)per * H);
+    uint32_t *cnt = malloc(sizeof(uint32_t) * (size_t)H);
+    int rc = k && v && pos && cnt ? 0 : KVZ_ERR_NOMEM;
+    kvz_kv_clear(kv);
+    for (int32_t l = 0; l < c->n_layer && !rc; l++) {
+        for (int h = 0; h < H && !rc; h++) {
+            const float *bk, *bv;
+            const int32_t *bp;
+            int64_t len;
+            if ((rc = kvz_kv_view(bkv, l, h, &bk, &bv, &bp, &len))) break;
+            if (len < np + row0 + nc) {
+                rc = kvz_error_set(KVZ_ERR_ARG, "batch cache: %lld rows, document needs %lld", (long long)len,
+                                   (long long)(np + row0 + nc));
+                break;
+            }
+            const size_t o = (size_t)h * per;
+            memcpy(k + o * hd, bk, sizeof(float) * (size_t)np * hd);
+            memcpy(v + o * hd, bv, sizeof(float) * (size_t)np * hd);
+            memcpy(pos + o, bp, sizeof(int32_t) * (size_t)np);
+            memcpy(k + (o + np) * hd, bk + (size_t)(np + row0) * hd, sizeof(float) * (size_t)nc * hd);
+            memcpy(v + (o + np) * hd, bv + (size_t)(np + row0) * hd, sizeof(float) * (size_t)nc * hd);
+            memcpy(pos + o + np, bp + np + row0, sizeof(int32_t) * (size_t)nc);
+            cnt[h] = (uint32_t)per;
+        }
+        if (!rc) rc = kvz_kv_set_layer(kv, l, cnt, pos, k, v);
+    }
+    free(k); free(v); free(pos); free(cnt);
+    return rc;
+}
+
+/* Score the group [g0, g1) of prepared short documents in one pass and finish each;
+ * reports through @p done. If the pass itself fails, every document of the group is
+ * computed alone instead, so that one bad document cannot take the others with it.
+ * @return the number of documents reported; *stop = 1 when the callback stopped. */
+static int32_t run_group(kvz_model *m, kvz_store *st, const kvz_ingest_item *it, int32_t g0, int32_t g1,
+                         const kvz_ingest_opts *o, doc_prep *dp, kvz_ingest_result *res,
+                         kvz_ingest_item_fn done, void *done_ctx, int *stop)
+{
+    const int32_t k = g1 - g0;
+    const doc_prep *d0 = &dp[g0];
+    const double t0 = kvz_now();
+    const int32_t **ctx = malloc(sizeof *ctx * (size_t)k);
+    int32_t *nctx = malloc(sizeof *nctx * (size_t)k);
+    float **sc = calloc((size_t)k, sizeof *sc);
+    int64_t *row0 = malloc(sizeof *row0 * (size_t)k), rows = d0->n_prefix + 16;
+    int32_t max_ctx = 0;
+    int rc = ctx && nctx && sc && row0 ? 0 : KVZ_ERR_NOMEM;
+    for (int32_t i = 0; i < k && !rc; i++) {
+        const doc_prep *d = &dp[g0 + i];
+        ctx[i] = it[g0 + i].ctx;
+        nctx[i] = d->n_ctx;
+        rows += batch_len(m, o, d);
+        max_ctx = d->n_ctx > max_ctx ? d->n_ctx : max_ctx;
+        if (!(sc[i] = malloc(sizeof(float) * (size_t)res[g0 + i].pairs_total))) rc = KVZ_ERR_NOMEM;
+    }
+    kvz_kv *bkv = NULL, *kv = NULL;
+    if (!rc) rc = kvz_kv_create(m, rows, 0, &bkv);
+    if (!rc) rc = kvz_kv_create(m, (int64_t)d0->n_prefix + max_ctx, 0, &kv);
+    kvz_ingest_opts po = *o;
+    po.progress = NULL; /* reported once per document below */
+    if (!rc) rc = load_prefix(st, d0->phash, d0->bm.fingerprint, &d0->pm, bkv);
+    if (!rc) rc = kvz_kvzip_score_batch(m, bkv, d0->n_prefix, ctx, nctx, k, &o->kp, sc, row0);
+    const double share = (kvz_now() - t0) / k; /* each document's part of the pass */
+    int32_t reported = 0;
+    for (int32_t i = 0; i < k; i++) {
+        const int32_t j = g0 + i;
+        const double t1 = kvz_now();
+        int drc;
+        po.part = it[j].part;
+        if (rc) { /* the pass failed: this document alone */
+            drc = compute_doc(m, st, it[j].doc_id, it[j].ctx, &po, &res[j], &dp[j]);
+        } else {
+            drc = extract_doc(m, bkv, &dp[j], row0[i], kv);
+            if (!drc) drc = finish_doc(m, st, it[j].doc_id, &po, &res[j], &dp[j], kv, sc[i]);
+        }
+        res[j].seconds = (rc ? 0 : share) + (kvz_now() - t1);
+        if (!drc && o->progress) {
+            const int64_t total = 2 * (int64_t)dp[j].n_ctx + 32;
+            drc = o->progress(o->progress_ctx, total, total);
+        }
+        reported++;
+        if (done && done(done_ctx, j, drc, &res[j])) {
+            *stop = 1;
+            break;
+        }
+    }
+    kvz_kv_free(bkv);
+    kvz_kv_free(kv);
+    for (int32_t i = 0; sc && i < k; i++) free(sc[i]);
+    free(sc);
+    free(ctx);
+    free(nctx);
+    free(row0);
+    return reported;
+}
+
+int32_t kvz_ingest_docs(kvz_model *m, kvz_store *st, const kvz_ingest_item *items, int32_t n,
+                        const kvz_ingest_opts *o, kvz_ingest_item_fn done, void *done_ctx)
+{
+    if (n <= 0) return 0;
+    doc_prep *dp = calloc((size_t)n, sizeof *dp);
+    kvz_ingest_result *res = calloc((size_t)n, sizeof *res);
+    if (!dp || !res) {
+        free(dp);
+        free(res);
+        for (int32_t i = 0; i < n; i++) {
+            kvz_error_set(KVZ_ERR_NOMEM, "ingest: no memory for the batch");
+            kvz_ingest_result r;
+            memset(&r, 0, sizeof r);
+            if (done && done(done_ctx, i, KVZ_ERR_NOMEM, &r)) return i + 1;
+        }
+        return n;
+    }
+    kvz_ingest_opts po = *o;
+    int32_t i = 0, reported = 0;
+    while (i < n) {
+        po.part = items[i].part;
+        int rc = prep_doc(m, st, items[i].source_path, items[i].ctx, items[i].n_ctx, &po,
+                          &res[i], &dp[i]);
+        const int32_t len = rc ? 0 : batch_len(m, o, &dp[i]);
+        if (rc || !len) { /* alone: an error, a link, or a document that does not batch */
+            if (!rc) rc = dp[i].linked ? link_doc(st, items[i].doc_id, &res[i], &dp[i])
+                                       : compute_doc(m, st, items[i].doc_id, items[i].ctx, &po, &res[i], &dp[i]);
+            res[i].seconds = kvz_now() - dp[i].t0;
+            prep_free(&dp[i]);
+            reported++;
+            if (done && done(done_ctx, i, rc, &res[i])) break;
+            i++;
+            continue;
+        }
+        /* a group of consecutive short documents: the same prefix blob, distinct ids and
+         * contents (a repeat of an earlier member's content is linked after the group) */
+        int32_t g1 = i + 1;
+        int64_t tokens = len;
+        while (g1 < n) {
+            po.part = items[g1].part;
+            int prc = prep_doc(m, st, items[g1].source_path, items[g1].ctx, items[g1].n_ctx,
+                               &po, &res[g1], &dp[g1]);
+            const int32_t l = prc ? 0 : batch_len(m, o, &dp[g1]);
+            int fits = l > 0 && tokens + l <= pass_tokens(o) && !memcmp(dp[g1].phash, dp[i].phash, 16);
+            for (int32_t j = i; j < g1 && fits; j++)
+                fits = memcmp(res[j].hash, res[g1].hash, 16) && strcmp(items[j].doc_id, items[g1].doc_id);
+            if (!fits) {
+                prep_free(&dp[g1]); /* prepared again after the group is stored */
+                kvz_error_clear();
+                break;
+            }
+            tokens += l;
+            g1++;
+        }
+        int stop = 0;
+        reported += run_group(m, st, items, i, g1, o, dp, res, done, done_ctx, &stop);
+        for (int32_t j = i; j < g1; j++) prep_free(&dp[j]);
+        if (stop) break;
+        i = g1;
+    }
+    for (int32_t j = 0; j < n; j++) prep_free(&dp[j]);
+    free(dp);
+    free(res);
+    return reported;
 }
 
 int kvz_doc_load(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_rows,

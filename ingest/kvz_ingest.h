@@ -60,6 +60,39 @@ int kvz_ingest_doc(kvz_model *m, kvz_store *st, const char *doc_id, const char *
                    const int32_t *ctx, int32_t n_ctx, const kvz_ingest_opts *o,
                    kvz_ingest_result *res);
 
+/** One document (or part) of a kvz_ingest_docs() call. */
+typedef struct kvz_ingest_item {
+    const char *doc_id;        /**< as kvz_ingest_doc */
+    const char *source_path;   /**< as kvz_ingest_doc (may be NULL) */
+    const int32_t *ctx;        /**< (n_ctx) context tokens, borrowed for the call */
+    int32_t n_ctx;
+    uint32_t part;             /**< as kvz_ingest_opts.part (0: a whole document) */
+} kvz_ingest_item;
+
+/** Outcome of item @p i (in item order): @p rc 0 or its KVZ_ERR_* (kvz_error_detail()
+ *  holds its text during the call), @p res as kvz_ingest_doc fills it. Nonzero stops the
+ *  call: the later items are left untouched (not reported). */
+typedef int (*kvz_ingest_item_fn)(void *ctx, int32_t i, int rc, const kvz_ingest_result *res);
+
+/**
+ * kvz_ingest_doc() for @p n documents, in order, with the same results, but short ones
+ * computed several per forward pass on the CPU backend: consecutive documents that
+ * qualify (the shared system prefix already stored, a one-chunk document whose
+ * [context ; repeat input] fits kvz_kvzip_params.one_pass) are packed into passes of at
+ * most o->kp.batch_tokens tokens (kvz_kvzip_score_batch: each document sees the prefix
+ * and itself only, at the positions it has alone), then each is selected, encoded and
+ * committed in ONE store transaction of its own, exactly as kvz_ingest_doc() stores it
+ * (a kill leaves every committed document whole and no partial one). A document that
+ * does not qualify (the first of a new store, which stores the prefix; a long one; the
+ * CUDA backend; batch_tokens 0) goes alone through kvz_ingest_doc's path. A failure is
+ * the document's own: if a batched pass fails, each of its documents is computed alone.
+ * A content repeated within the call is linked to its first copy, as one call per
+ * document would. o->progress is called once per batched document (done = total).
+ * @return the number of items reported through @p done (n unless it stopped the call).
+ */
+int32_t kvz_ingest_docs(kvz_model *m, kvz_store *st, const kvz_ingest_item *items, int32_t n,
+                        const kvz_ingest_opts *o, kvz_ingest_item_fn done, void *done_ctx);
+
 /**
  * The META of a document blob made with @p o (canonical parameters, policy KEEP;
  * the caller switches to SHARED and sets prefix_ref). One home for both ingest

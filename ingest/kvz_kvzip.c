@@ -20,6 +20,7 @@ void kvz_kvzip_defaults(kvz_kvzip_params *p)
     p->prefill_chunk = 4096;
     p->repeat_rows = 8192;
     p->one_pass = KVZ_KVZIP_ONE_PASS_MAX;
+    p->batch_tokens = KVZ_KVZIP_BATCH_TOKENS;
 }
 
 int kvz_kvzip_repeat_input(const kvz_tokenizer *tok, const int32_t *ctx, int32_t n_ctx,
@@ -255,6 +256,57 @@ int kvz_kvzip_score_chunks(kvz_model *m, kvz_kv *kv, int32_t n_prefix, const int
     }
     kvz_tokens_free(&rin);
     free(first);
+    return rc;
+}
+
+int32_t kvz_kvzip_batch_len(const kvz_model *m, int32_t n_ctx, const kvz_kvzip_params *p)
+{
+    if (n_ctx <= 0 || p->chunk <= 0 || p->overlap < 0) return kvz_error_set(KVZ_ERR_ARG, "kvzip: bad lengths or parameters");
+    if (kvz_model_device(m) != KVZ_DEVICE_CPU || p->one_pass <= 0 || n_ctx > p->chunk) return 0;
+    int32_t first[2];
+    int64_t len = 0;
+    const int32_t rc = kvz_kvzip_passes(m, n_ctx, p, first, &len);
+    if (rc < 0) return rc;
+    const int32_t step = p->prefill_chunk > 0 ? p->prefill_chunk : 4096;
+    len += n_ctx;
+    return len <= p->one_pass && len <= step && len <= 1024 ? (int32_t)len : 0;
+}
+
+int kvz_kvzip_score_batch(kvz_model *m, kvz_kv *kv, int32_t n_prefix, const int32_t *const *ctx,
+                          const int32_t *n_ctx, int32_t n_doc, const kvz_kvzip_params *p,
+                          float *const *scores, int64_t *row0)
+{
+    const kvz_config *c = kvz_model_config(m);
+    const kvz_tokenizer *tok = kvz_model_tokenizer(m);
+    if (!tok) return kvz_error_set(KVZ_ERR_ARG, "kvzip: the model has no tokenizer");
+    if (n_doc <= 0 || n_prefix < 0) return kvz_error_set(KVZ_ERR_ARG, "kvzip: bad batch");
+    for (int32_t l = 0; l < c->n_layer; l++)
+        for (int32_t h = 0; h < c->n_kv_head; h++)
+            if (kvz_kv_len(kv, l, h) != n_prefix)
+                return kvz_error_set(KVZ_ERR_ARG, "kvzip batch: the cache must hold exactly the prefix");
+    kvz_kv_seg *seg = calloc((size_t)n_doc, sizeof *seg);
+    kvz_tokens seq = {0};
+    int rc = seg ? 0 : KVZ_ERR_NOMEM;
+    for (int32_t i = 0; i < n_doc && !rc; i++) {
+        const int32_t want = kvz_kvzip_batch_len(m, n_ctx[i], p);
+        if (want <= 0) {
+            rc = want < 0 ? want : kvz_error_set(KVZ_ERR_ARG, "kvzip batch: document %d does not qualify", i);
+            break;
+        }
+        row0[i] = (int64_t)seq.n;
+        for (int32_t j = 0; j < n_ctx[i] && !rc; j++) rc = kvz_tokens_push(&seq, ctx[i][j]);
+        if (!rc) rc = kvz_kvzip_repeat_input(tok, ctx[i], n_ctx[i], 0, p, &seq);
+        if (rc) break;
+        seg[i] = (kvz_kv_seg){.n = (int32_t)((int64_t)seq.n - row0[i]), .n_score = n_ctx[i], .scores = scores[i]};
+        if (seg[i].n != want) rc = kvz_error_set(KVZ_ERR_ARG, "kvzip batch: segment length %d, expected %d", seg[i].n, want);
+        else memset(scores[i], 0, sizeof(float) * (size_t)c->n_layer * c->n_kv_head * (size_t)n_ctx[i]);
+    }
+    if (!rc && seq.n > 1024) rc = kvz_error_set(KVZ_ERR_ARG, "kvzip batch: %zu tokens exceed one pass (1024)", seq.n);
+    if (!rc) rc = kvz_kv_set_segments(kv, seg, n_doc, n_prefix);
+    if (!rc) rc = kvz_forward(m, kv, seq.ids, (int32_t)seq.n, n_prefix, NULL, KVZ_FWD_NO_LOGITS, NULL);
+    kvz_kv_set_segments(kv, NULL, 0, 0);
+    kvz_tokens_free(&seq);
+    free(seg);
     return rc;
 }
 

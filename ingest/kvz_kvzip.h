@@ -30,6 +30,7 @@ enum { KVZ_EVICT_GLOBAL = 0, KVZ_EVICT_UNIFORM = 1 };
 #define KVZ_KVZIP_CHUNK 2000
 #define KVZ_KVZIP_OVERLAP 8
 #define KVZ_KVZIP_ONE_PASS_MAX 256 /* default kvz_kvzip_params.one_pass (tokens) */
+#define KVZ_KVZIP_BATCH_TOKENS 512 /* default kvz_kvzip_params.batch_tokens */
 #define KVZ_REPEAT_FIRST "\n\nRepeat the previous context exactly."
 #define KVZ_REPEAT_NEXT "\n\nRepeat the part of the previous context exactly, starting with "
 
@@ -53,6 +54,12 @@ typedef struct kvz_kvzip_params {
                                 kvz_kvzip_prefill_score). Short documents save one pass's fixed
                                 cost (every weight tile dequantized once more); longer ones gain
                                 nothing and the CPU pass grows costlier per token past ~256. */
+    int32_t batch_tokens;  /**< CPU, kvz_ingest_docs with the shared prefix stored: short
+                                documents (each passing the one_pass test) are scored several in
+                                ONE forward pass of at most this many tokens (kvz_kvzip_score_batch;
+                                default KVZ_KVZIP_BATCH_TOKENS; values above 1024 count as 1024;
+                                0: one document per pass). Changes speed, not scores (up to
+                                rounding). Not part of the blob's parameters. */
 } kvz_kvzip_params;
 
 void kvz_kvzip_defaults(kvz_kvzip_params *p);
@@ -121,6 +128,34 @@ int kvz_kvzip_prefill_score(kvz_model *m, kvz_kv *kv, const int32_t *prefix, int
 int kvz_kvzip_score_chunks(kvz_model *m, kvz_kv *kv, int32_t n_prefix, const int32_t *ctx, int32_t n_ctx,
                            const kvz_kvzip_params *p, float *scores, kvz_progress_fn progress,
                            void *progress_ctx, int64_t done0, int64_t total);
+
+/**
+ * Tokens document @p n_ctx's segment takes in a batched pass (kvz_kvzip_score_batch):
+ * n_ctx + its repeat input; 0 when the document does not qualify (the CPU backend
+ * only, one chunk, p->one_pass > 0 and the segment within p->one_pass and
+ * p->prefill_chunk), or a negative KVZ_ERR_*.
+ */
+int32_t kvz_kvzip_batch_len(const kvz_model *m, int32_t n_ctx, const kvz_kvzip_params *p);
+
+/**
+ * Prefill and score @p n_doc short documents in ONE forward pass (CPU backend): the
+ * segments [ctx_i ; repeat input of ctx_i] one after another, each at positions
+ * n_prefix.. (kvz_kv_set_segments: each attends to the prefix rows and causally to its
+ * own rows only), each scoring its own context from its repeat queries. The scores
+ * are those of kvz_kvzip_prefill_score with a cached prefix, up to rounding.
+ * @p kv must hold exactly the @p n_prefix prefix rows (positions 0..n_prefix-1, every
+ * head), no output buffer, room for Σ kvz_kvzip_batch_len rows more; every document
+ * must qualify (kvz_kvzip_batch_len > 0) and Σ kvz_kvzip_batch_len <= 1024.
+ * @p scores[i]: (n_layer, n_kv_head, n_ctx[i]) fp32, written completely.
+ * On return the cache holds the prefix rows, then the segments' rows: document i's
+ * context rows at [n_prefix + row0[i], + n_ctx[i]) of every head, at positions
+ * n_prefix..n_prefix+n_ctx[i]-1 (@p row0: (n_doc), filled); its repeat rows follow
+ * them. On error the cache content is unspecified.
+ * @return 0, KVZ_ERR_ARG, KVZ_ERR_NOMEM, kvz_forward errors.
+ */
+int kvz_kvzip_score_batch(kvz_model *m, kvz_kv *kv, int32_t n_prefix, const int32_t *const *ctx,
+                          const int32_t *n_ctx, int32_t n_doc, const kvz_kvzip_params *p,
+                          float *const *scores, int64_t *row0);
 
 /**
  * Select the pairs to keep. @p keep: (n_layer, n_kv_head, n_ctx) bytes set to 0/1;

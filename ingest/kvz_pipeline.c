@@ -53,6 +53,14 @@ typedef struct job {
     struct job *next;      /* FIFO of all jobs in submission order */
 } job;
 
+typedef struct cpu_item { /* a CPU submit waiting for its batch (kvz_ingest_docs) */
+    char *doc_id, *path;
+    int32_t *ctx;
+    int32_t n_ctx;
+    uint32_t part;
+    void *user;
+} cpu_item;
+
 struct kvz_pipeline {
     kvz_model *m;
     kvz_store *st;
@@ -74,6 +82,9 @@ struct kvz_pipeline {
     int n_workers;
     pthread_t writer;
     int writer_started;
+    cpu_item *cq;            /* CPU: submitted documents not yet computed, in order */
+    int cq_n, cq_cap;
+    int64_t cq_tokens;       /* their estimated pass tokens (2 n_ctx + 20 each) */
 };
 
 static int fatal_rc(int rc)
@@ -421,6 +432,95 @@ static void cpu_done(kvz_pipeline *p, const char *doc_id, int rc, const kvz_inge
     if (p->done_fn) p->done_fn(p->done_ctx, doc_id, rc, det, res, user);
 }
 
+/* CPU: compute the queued documents (several short ones per forward pass) and report
+ * each, in order; after a store error that stops everything, the rest are reported
+ * with it, not attempted (as a submit after it would be). */
+static int cpu_item_done(void *ctx, int32_t i, int rc, const kvz_ingest_result *res)
+{
+    kvz_pipeline *p = ctx;
+    const cpu_item *it = &p->cq[i];
+    cpu_done(p, it->doc_id, rc, res, it->user);
+    return p->fatal != 0;
+}
+
+static void cpu_flush(kvz_pipeline *p)
+{
+    if (!p->cq_n) return;
+    kvz_ingest_item *items = calloc((size_t)p->cq_n, sizeof *items);
+    int32_t done = 0;
+    if (items) {
+        for (int i = 0; i < p->cq_n; i++)
+            items[i] = (kvz_ingest_item){p->cq[i].doc_id, p->cq[i].path, p->cq[i].ctx, p->cq[i].n_ctx, p->cq[i].part};
+        done = kvz_ingest_docs(p->m, p->st, items, p->cq_n, &p->o, cpu_item_done, p);
+        free(items);
+    }
+    for (int i = done; i < p->cq_n; i++) {
+        if (p->fatal) { /* queued when the store stopped: not attempted (res NULL) */
+            char det[600];
+            snprintf(det, sizeof det, "not stored: %.400s", p->fatal_detail);
+            if (p->done_fn) p->done_fn(p->done_ctx, p->cq[i].doc_id, p->fatal, det, NULL, p->cq[i].user);
+            continue;
+        }
+        kvz_ingest_result r;
+        memset(&r, 0, sizeof r);
+        kvz_error_set(KVZ_ERR_NOMEM, "ingest: no memory for the batch");
+        cpu_done(p, p->cq[i].doc_id, KVZ_ERR_NOMEM, &r, p->cq[i].user);
+    }
+    for (int i = 0; i < p->cq_n; i++) {
+        free(p->cq[i].doc_id);
+        free(p->cq[i].path);
+        free(p->cq[i].ctx);
+    }
+    p->cq_n = 0;
+    p->cq_tokens = 0;
+}
+
+/* CPU: queue one document; compute the queue once it holds a few passes' worth. */
+static int cpu_submit(kvz_pipeline *p, const char *doc_id, const char *source_path, const int32_t *ctx,
+                      int32_t n_ctx, uint32_t part, void *user)
+{
+    if (p->cq_n == p->cq_cap) {
+        const int cap = p->cq_cap ? 2 * p->cq_cap : 64;
+        cpu_item *q = realloc(p->cq, sizeof *q * (size_t)cap);
+        if (q) {
+            p->cq = q;
+            p->cq_cap = cap;
+        }
+    }
+    cpu_item *it = p->cq_n < p->cq_cap ? &p->cq[p->cq_n] : NULL;
+    if (it) {
+        memset(it, 0, sizeof *it);
+        it->doc_id = strdup(doc_id);
+        it->path = strdup(source_path ? source_path : "");
+        it->ctx = malloc(sizeof(int32_t) * (size_t)(n_ctx > 0 ? n_ctx : 1));
+    }
+    if (!it || !it->doc_id || !it->path || !it->ctx) { /* no room to queue it: compute it now */
+        if (it) {
+            free(it->doc_id);
+            free(it->path);
+            free(it->ctx);
+        }
+        cpu_flush(p);
+        kvz_ingest_result r;
+        kvz_ingest_opts po = p->o;
+        po.part = part;
+        int rc = kvz_ingest_doc(p->m, p->st, doc_id, source_path, ctx, n_ctx, &po, &r);
+        cpu_done(p, doc_id, rc, &r, user);
+        return p->fatal;
+    }
+    if (n_ctx > 0) memcpy(it->ctx, ctx, sizeof(int32_t) * (size_t)n_ctx);
+    it->n_ctx = n_ctx;
+    it->part = part;
+    it->user = user;
+    p->cq_n++;
+    p->cq_tokens += 2 * (int64_t)(n_ctx > 0 ? n_ctx : 0) + 20;
+    /* two passes' worth: few documents computed but not yet committed at any time (a
+     * kill loses them, never part of one), passes still nearly full */
+    if (p->o.kp.batch_tokens <= 0 || p->cq_tokens >= 2 * (int64_t)p->o.kp.batch_tokens || p->cq_n >= 256)
+        cpu_flush(p);
+    return p->fatal;
+}
+
 int kvz_pipeline_submit(kvz_pipeline *p, const char *doc_id, const char *source_path, const int32_t *ctx,
                         int32_t n_ctx, void *user)
 {
@@ -430,19 +530,16 @@ int kvz_pipeline_submit(kvz_pipeline *p, const char *doc_id, const char *source_
 int kvz_pipeline_submit_part(kvz_pipeline *p, const char *doc_id, const char *source_path, const int32_t *ctx,
                              int32_t n_ctx, uint32_t part, void *user)
 {
-    if (!p->gpu) { /* the CPU backend: kvz_ingest_doc as before */
+    if (!p->gpu) { /* the CPU backend: queued, then kvz_ingest_docs (several per pass) */
         kvz_ingest_result r;
         if (p->fatal) {
+            cpu_flush(p);
             memset(&r, 0, sizeof r);
             kvz_error_set(p->fatal, "not stored: %.400s", p->fatal_detail);
             cpu_done(p, doc_id, p->fatal, &r, user);
             return p->fatal;
         }
-        kvz_ingest_opts po = p->o;
-        po.part = part;
-        int rc = kvz_ingest_doc(p->m, p->st, doc_id, source_path, ctx, n_ctx, &po, &r);
-        cpu_done(p, doc_id, rc, &r, user);
-        return p->fatal;
+        return cpu_submit(p, doc_id, source_path, ctx, n_ctx, part, user);
     }
     const double t0 = kvz_now();
     pthread_mutex_lock(&p->mu);
@@ -537,7 +634,10 @@ int kvz_pipeline_submit_part(kvz_pipeline *p, const char *doc_id, const char *so
 
 int kvz_pipeline_drain(kvz_pipeline *p)
 {
-    if (!p->gpu) return p->fatal;
+    if (!p->gpu) {
+        cpu_flush(p);
+        return p->fatal;
+    }
     pthread_mutex_lock(&p->mu);
     for (;;) {
         deliver(p);
@@ -552,7 +652,7 @@ int kvz_pipeline_drain(kvz_pipeline *p)
 void kvz_pipeline_free(kvz_pipeline *p)
 {
     if (!p) return;
-    if (p->writer_started) kvz_pipeline_drain(p);
+    if (p->writer_started || !p->gpu) kvz_pipeline_drain(p);
     pthread_mutex_lock(&p->mu);
     p->stop = 1;
     pthread_cond_broadcast(&p->cv);
@@ -568,6 +668,7 @@ void kvz_pipeline_free(kvz_pipeline *p)
 #ifdef KVZ_HAVE_CUDA
     kvz_cuda_host_free(p->pin);
 #endif
+    free(p->cq);
     free(p->workers);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);

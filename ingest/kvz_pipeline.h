@@ -16,8 +16,12 @@
  * (policy SHARED) and the prefix blob's records go into the same transaction
  * (kvz_store_put_doc_shared) when the store does not hold them yet; the model still
  * prefills the prefix itself.
- * On the CPU backend a submit is kvz_ingest_doc() itself (the model already uses
- * every core), reported through the same callback.
+ * On the CPU backend (the model already uses every core) a submit queues the document;
+ * once the queue holds about two passes' worth of short documents (2 x
+ * kvz_kvzip_params.batch_tokens), and at drain / free, it is computed by
+ * kvz_ingest_docs() (several short documents per forward pass, each committed in its
+ * own transaction as kvz_ingest_doc() commits it) and reported through the same
+ * callback, in order. A kill loses the queued documents, never part of one.
  *
  * Results: every submitted document gets exactly one call of the done callback, on
  * the thread calling kvz_pipeline_submit/kvz_pipeline_drain, in submission order.

@@ -311,8 +311,108 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
     return 0;
 }
 
+/*
+ * Attention of a segmented pass (kvz_kv_set_segments): the n new rows of every head
+ * are segments one after another; query u of segment s attends to the rows the head
+ * held before the pass ("shared", e.g. the system prefix) and to rows 0..u of its own
+ * segment, never to another segment's. Tasks (KV head, segment) run in parallel, each
+ * walking its segment's queries in blocks; the keys of a block are the shared rows
+ * followed by the segment's rows (gathered by key_rows as "doc ++ out"). A segment's
+ * probe is written by its own task only, so it needs no per-thread maxima.
+ */
+static int attention_segs(kvz_kv *kv, int32_t l, const float *q, int32_t n, float *att, float *work,
+                          size_t work_floats)
+{
+    const kvz_config *c = &kv->m->cfg;
+    const int hd = c->head_dim, nkv = c->n_kv_head, grp = c->n_head / c->n_kv_head;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int nthr = omp_get_max_threads();
+    const size_t slice = work_floats / (size_t)nthr;
+    const size_t gather = (size_t)KVZ_ATTN_KCHUNK * hd;
+    const int32_t ns = kv->n_segs;
+    int32_t nmax = 0;
+    int64_t shared_max = 0;
+    for (int32_t s = 0; s < ns; s++) nmax = kv->segs[s].n > nmax ? kv->segs[s].n : nmax;
+    for (int h = 0; h < nkv; h++) {
+        const int64_t sh = kv->len[(size_t)l * nkv + h] - n;
+        shared_max = sh > shared_max ? sh : shared_max;
+    }
+    const int64_t wmax = shared_max + nmax;
+    int64_t qb = slice > gather ? (int64_t)((slice - gather) / ((size_t)grp * (size_t)(wmax + 2 * hd))) : 0;
+    if (qb < 1) return kvz_error_set(KVZ_ERR_NOMEM, "attention work buffer too small");
+    if (qb > nmax) qb = nmax;
+    int32_t *r0 = malloc(sizeof(int32_t) * (size_t)ns); /* first pass row of each segment */
+    if (!r0) return kvz_error_set(KVZ_ERR_NOMEM, "attention segments");
+    for (int32_t s = 0, r = 0; s < ns; r += kv->segs[s].n, s++) r0[s] = r;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t task = 0; task < (int64_t)nkv * ns; task++) {
+        const int h = (int)(task / ns);
+        const int32_t s = (int32_t)(task % ns);
+        const kvz_kv_seg *sg = &kv->segs[s];
+        float *Qb = work + (size_t)omp_get_thread_num() * slice; /* (qb*grp, hd) */
+        float *Ob = Qb + (size_t)qb * grp * hd;                    /* (qb*grp, hd) */
+        float *G = Ob + (size_t)qb * grp * hd;                     /* (KCHUNK, hd) gather */
+        float *S = G + gather;                                     /* (qb*grp, shared + i0 + nq) */
+        const size_t seg = (size_t)l * nkv + (size_t)h;
+        const float *K = kv->k + seg * (size_t)kv->cap * hd, *V = kv->v + seg * (size_t)kv->cap * hd;
+        const int64_t sh = kv->len[seg] - n;                        /* rows before the pass */
+        const float *SK = K + (size_t)(sh + r0[s]) * hd, *SV = V + (size_t)(sh + r0[s]) * hd;
+        const int64_t pre = kv->seg_prefix < sh ? kv->seg_prefix : sh; /* probe subset rows */
+        float *dst = sg->scores ? sg->scores + seg * (size_t)sg->n_score : NULL;
+        for (int32_t i0 = 0; i0 < sg->n; i0 += (int32_t)qb) {
+            const int32_t nq = (int32_t)(sg->n - i0 < qb ? sg->n - i0 : qb), R = nq * grp;
+            const int64_t W = sh + i0 + nq;
+            for (int32_t i = 0; i < nq; i++)
+                memcpy(Qb + (size_t)i * grp * hd,
+                       q + ((size_t)(r0[s] + i0 + i) * c->n_head + (size_t)h * grp) * hd,
+                       sizeof(float) * (size_t)grp * hd);
+            for (int64_t t0 = 0; t0 < W; t0 += KVZ_ATTN_KCHUNK) {
+                const int64_t t1 = t0 + KVZ_ATTN_KCHUNK < W ? t0 + KVZ_ATTN_KCHUNK : W;
+                int ld;
+                const float *Kc = key_rows(K, SK, hd, sh, t0, t1, hd, G, &ld);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, (int)(t1 - t0), hd, scale, Qb, hd,
+                            Kc, ld, 0.0f, S + t0, (int)W);
+            }
+            for (int32_t i = 0; i < nq; i++) {
+                const int32_t u = i0 + i;          /* the query's index in its segment */
+                const int64_t vis = sh + u + 1;    /* shared rows + own rows 0..u */
+                for (int g = 0; g < grp; g++) {
+                    float *row = S + ((size_t)i * grp + g) * (size_t)W;
+                    for (int64_t j = vis; j < W; j++) row[j] = -INFINITY;
+                    const float mx = kvz_max(row, W);
+                    const float sum = kvz_exp_sub_sum(row, W, mx);
+                    kvz_scale(row, W, 1.0f / sum);
+                    if (dst && u >= sg->n_score) { /* subset: probe prefix ∪ own visible rows */
+                        float sub = 0.0f;
+                        for (int64_t j = 0; j < pre; j++) sub += row[j];
+                        for (int64_t j = sh; j < vis; j++) sub += row[j];
+                        const float inv = sub > 0.0f ? 1.0f / sub : 0.0f;
+                        const float *a = row + sh;
+                        for (int32_t j = 0; j < sg->n_score; j++) {
+                            const float v = a[j] * inv;
+                            dst[j] = v > dst[j] ? v : dst[j];
+                        }
+                    }
+                }
+            }
+            for (int64_t t0 = 0; t0 < W; t0 += KVZ_ATTN_KCHUNK) {
+                const int64_t t1 = t0 + KVZ_ATTN_KCHUNK < W ? t0 + KVZ_ATTN_KCHUNK : W;
+                int ld;
+                const float *Vc = key_rows(V, SV, hd, sh, t0, t1, hd, G, &ld);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, hd, (int)(t1 - t0), 1.0f,
+                            S + t0, (int)W, Vc, ld, t0 ? 1.0f : 0.0f, Ob, hd);
+            }
+            for (int32_t i = 0; i < nq; i++)
+                memcpy(att + ((size_t)(r0[s] + i0 + i) * c->n_head + (size_t)h * grp) * hd,
+                       Ob + (size_t)i * grp * hd, sizeof(float) * (size_t)grp * hd);
+        }
+    }
+    free(r0);
+    return 0;
+}
+
 static void append_kv(kvz_kv *kv, int32_t l, const float *k, const float *v, int32_t n,
-                      int32_t pos0, int to_doc)
+                      int32_t pos0, const int32_t *tpos, int to_doc)
 {
     const int hd = kv->head_dim, nkv = kv->n_kv_head;
     if (kv->out_slots == 0 || to_doc) {
@@ -322,7 +422,7 @@ static void append_kv(kvz_kv *kv, int32_t l, const float *k, const float *v, int
             for (int32_t i = 0; i < n; i++) {
                 memcpy(kv->k + (row0 + i) * hd, k + ((size_t)i * nkv + h) * hd, sizeof(float) * hd);
                 memcpy(kv->v + (row0 + i) * hd, v + ((size_t)i * nkv + h) * hd, sizeof(float) * hd);
-                kv->pos[row0 + i] = pos0 + i;
+                kv->pos[row0 + i] = tpos ? tpos[i] : pos0 + i;
             }
             kv->len[seg] += n;
         }
@@ -340,7 +440,7 @@ static void append_kv(kvz_kv *kv, int32_t l, const float *k, const float *v, int
         const size_t base = ((size_t)l * B + (size_t)slot) * nkv * hd;
         memcpy(kv->ok + base, k + (size_t)i * nkv * hd, sizeof(float) * nkv * hd);
         memcpy(kv->ov + base, v + (size_t)i * nkv * hd, sizeof(float) * nkv * hd);
-        kv->opos[(size_t)l * B + slot] = pos0 + i;
+        kv->opos[(size_t)l * B + slot] = tpos ? tpos[i] : pos0 + i;
         kv->newest[l] = slot;
     }
 }
@@ -362,8 +462,9 @@ static int check_room(const kvz_kv *kv, int32_t n, int to_doc)
     return 0;
 }
 
+/* @p tpos: (n) the tokens' positions in a segmented pass, or NULL: pos0 + i */
 static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n,
-                         int32_t pos0, float *logits, int want_logits, int to_doc,
+                         int32_t pos0, const int32_t *tpos, float *logits, int want_logits, int to_doc,
                          const kvz_layer_hook *hook)
 {
     const kvz_config *c = &m->cfg;
@@ -427,16 +528,18 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
                 rmsnorm(qi, qi, L->q_norm, c->n_head, hd, c->norm_eps);
                 rmsnorm(ki, ki, L->k_norm, c->n_kv_head, hd, c->norm_eps);
             }
-            rope(qi, c->n_head, hd, pos0 + i, m->rope_inv_freq, c->rope_adjacent);
-            rope(ki, c->n_kv_head, hd, pos0 + i, m->rope_inv_freq, c->rope_adjacent);
+            const int32_t p = tpos ? tpos[i] : pos0 + i;
+            rope(qi, c->n_head, hd, p, m->rope_inv_freq, c->rope_adjacent);
+            rope(ki, c->n_kv_head, hd, p, m->rope_inv_freq, c->rope_adjacent);
         }
         const int64_t row0 = kv->len[(size_t)l * c->n_kv_head];
-        append_kv(kv, l, kb, vb, n, pos0, to_doc);
+        append_kv(kv, l, kb, vb, n, pos0, tpos, to_doc);
         if (hook && hook->fn) {
             int rc = hook->fn(hook->ctx, l, qb, kb, n, row0, kv);
             if (rc) return rc;
         }
-        int rc = attention(kv, l, qb, n, pos0, att, work, attn_work);
+        int rc = tpos ? attention_segs(kv, l, qb, n, att, work, attn_work)
+                      : attention(kv, l, qb, n, pos0, att, work, attn_work);
         if (rc) return rc;
         linear(&L->mo, 1, att, n, qd, x, d, 1.0f, work);
         rmsnorm(xn, x, L->ffn_norm, n, d, c->norm_eps);
@@ -467,10 +570,25 @@ int kvz_cpu_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, 
     /* the whole pass, not only its first internal batch: a refused pass changes nothing */
     int rc = check_room(kv, n, (flags & KVZ_FWD_TO_DOC) != 0);
     if (rc) return rc;
+    int32_t *tpos = NULL; /* a segmented pass: positions restart at pos0 in every segment */
+    if (kv->n_segs) {
+        int64_t sum = 0;
+        for (int32_t s = 0; s < kv->n_segs; s++) sum += kv->segs[s].n;
+        if (sum != n || n > KVZ_CPU_MAX_BATCH || kv->probe.scores || kv->out_slots)
+            return kvz_error_set(KVZ_ERR_ARG, "forward: a segmented pass needs exactly its %lld tokens "
+                                 "(got %d), at most %d, no probe and no output buffer", (long long)sum, n,
+                                 KVZ_CPU_MAX_BATCH);
+        if (!(tpos = malloc(sizeof(int32_t) * (size_t)n))) return KVZ_ERR_NOMEM;
+        for (int32_t s = 0, i = 0; s < kv->n_segs; s++)
+            for (int32_t u = 0; u < kv->segs[s].n; u++) tpos[i++] = pos0 + u;
+    }
     const size_t nlh = (size_t)m->cfg.n_layer * m->cfg.n_kv_head;
     int64_t *saved = NULL;
     if (discard) {
-        if (!(saved = malloc(nlh * sizeof *saved))) return KVZ_ERR_NOMEM;
+        if (!(saved = malloc(nlh * sizeof *saved))) {
+            free(tpos);
+            return KVZ_ERR_NOMEM;
+        }
         memcpy(saved, kv->len, nlh * sizeof *saved);
     }
     for (int32_t s = 0; s < n && !rc; s += KVZ_CPU_MAX_BATCH) {
@@ -485,8 +603,9 @@ int kvz_cpu_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, 
             lg = logits;
             w = KVZ_FWD_LOGITS_LAST;
         }
-        rc = forward_batch(m, kv, tokens + s, nb, pos0 + s, lg, w, (flags & KVZ_FWD_TO_DOC) != 0, hook);
+        rc = forward_batch(m, kv, tokens + s, nb, pos0 + s, tpos, lg, w, (flags & KVZ_FWD_TO_DOC) != 0, hook);
     }
+    free(tpos);
     if (discard) {
         memcpy(kv->len, saved, nlh * sizeof *saved);
         free(saved);

@@ -114,6 +114,25 @@ int kvz_kv_set_probe(kvz_kv *kv, const kvz_kv_probe *p)
     return 0;
 }
 
+int kvz_kv_set_segments(kvz_kv *kv, const kvz_kv_seg *segs, int32_t n_seg, int64_t n_prefix)
+{
+    if (!segs || n_seg <= 0) {
+        kv->segs = NULL;
+        kv->n_segs = 0;
+        kv->seg_prefix = 0;
+        return 0;
+    }
+    if (kv->cuda) return kvz_error_set(KVZ_ERR_UNSUPPORTED, "segmented passes run on the CPU backend");
+    if (n_prefix < 0) return kvz_error_set(KVZ_ERR_ARG, "kv segments: negative prefix");
+    for (int32_t s = 0; s < n_seg; s++)
+        if (segs[s].n <= 0 || segs[s].n_score < 0 || segs[s].n_score > segs[s].n)
+            return kvz_error_set(KVZ_ERR_ARG, "kv segments: segment %d has bad lengths", s);
+    kv->segs = segs;
+    kv->n_segs = n_seg;
+    kv->seg_prefix = n_prefix;
+    return 0;
+}
+
 void kvz_kv_checkpoint(kvz_kv *kv)
 {
     const size_t n = (size_t)kv->n_layer * (size_t)kv->n_kv_head;

@@ -174,6 +174,34 @@ typedef struct kvz_kv_probe {
 /** Set (or clear with NULL) the probe. @return 0, KVZ_ERR_NOMEM, KVZ_ERR_UNSUPPORTED (device cache). */
 int kvz_kv_set_probe(kvz_kv *kv, const kvz_kv_probe *p);
 
+/**
+ * Segmented passes (CPU backend): several independent sequences in ONE forward pass,
+ * all after the rows already in the cache (e.g. a shared system prefix). While set,
+ * the next kvz_forward() of exactly Σ segs[s].n tokens at @c pos0 treats its tokens as
+ * the segments one after another: token u of segment s sits at position pos0 + u
+ * (positions restart for every segment), and attends to every row the cache held
+ * before the pass plus, causally, its own segment's rows only (a block-diagonal mask:
+ * never another segment's). The new rows are appended in pass order as usual (rows of
+ * segment s after those of segment s-1, each segment's positions ascending from pos0).
+ * Each segment may carry its own KVzip probe: when @c scores is set, its queries at
+ * u >= n_score score its first n_score rows as kvz_kv_probe does, over the key subset
+ * rows [0, @p n_prefix) ∪ the segment's own visible rows, max-accumulated into
+ * scores[(layer * n_kv_head + h) * n_score + j] (the caller zeroes them first).
+ * @p segs is borrowed (not copied) until kvz_kv_set_segments(kv, NULL, 0, 0).
+ * The pass must fit one internal batch (1,024 tokens), the cache must have no output
+ * buffer, and no kvz_kv_probe may be set at the same time; otherwise kvz_forward
+ * returns KVZ_ERR_ARG.
+ */
+typedef struct kvz_kv_seg {
+    int32_t n;          /**< tokens of this segment in the pass (> 0) */
+    int32_t n_score;    /**< rows [0, n_score) of the segment are scored (0: no probe) */
+    float *scores;      /**< (n_layer, n_kv_head, n_score) fp32, or NULL: no probe */
+} kvz_kv_seg;
+/** Set (or clear with NULL) the segments of the next passes.
+ *  @return 0, KVZ_ERR_ARG (a segment of <= 0 tokens, n_score > n, n_prefix < 0),
+ *  KVZ_ERR_UNSUPPORTED (device cache). */
+int kvz_kv_set_segments(kvz_kv *kv, const kvz_kv_seg *segs, int32_t n_seg, int64_t n_prefix);
+
 /** LongFlow statistics of the output buffer. */
 typedef struct kvz_kv_stats {
     int64_t out_slots;      /**< B */

@@ -84,6 +84,9 @@ struct kvz_kv {
     kvz_kv_probe probe;      /* KVzip probe, active when probe.scores != NULL */
     float *probe_part;       /* (threads, n_kv_head, c1-c0) per-thread maxima */
     size_t probe_part_cap;
+    const kvz_kv_seg *segs;  /* segmented pass (kvz_kv_set_segments), borrowed; NULL: none */
+    int32_t n_segs;
+    int64_t seg_prefix;      /* probe subset rows [0, seg_prefix) of a segmented pass */
     float *scratch;          /* CPU work memory, grown on demand, reused across steps */
     size_t scratch_cap;      /* floats */
     kvz_cuda_cache *cuda;    /* device cache on the CUDA backend */
