@@ -947,6 +947,11 @@ static int run_worker(kvz_claims *claims, ingest_args *a)
         if (rc) { cli_error(rc, "cannot tokenize %s", path); failed++; continue; }
         rc = ingest_one(pl, id, path, &t, max_part, &rs); /* the pipeline copies the tokens */
         kvz_tokens_free(&t);
+        /* on the CPU a submit only queues a short document (computed a few dozen at a
+         * time); near the end of the list compute each at once, so that this worker does
+         * not claim the last documents ahead of the others */
+        if (!rc && kvz_model_device(m) == KVZ_DEVICE_CPU && kvz_claims_count(claims) - j <= 64)
+            kvz_pipeline_drain(pl);
         if (rc) {
             failed++;
             if (store_stops(rc)) break;
