@@ -4,7 +4,7 @@
  * KVzip ingest cost as a multiple of a plain prefill of the same document.
  *
  * Weights: by default the CPU backend computes on the GGUF's quantized blocks
- * (kvz_qdot for decode, tile dequantization + SGEMM for prefill); --f32 loads
+ * (kvz_qdot for decode, chunk dequantization + SGEMM for prefill); --f32 loads
  * them as fp32 instead (the previous default). The decode bound is the measured
  * copy bandwidth over the bytes a token must read: the weights as held in memory
  * (quantized: the file's matrix bytes, kvz_model_weight_bytes) plus the KV cache.

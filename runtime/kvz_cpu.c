@@ -2,9 +2,9 @@
  * backend. Weights are either fp32 (synthetic models, or KVZ f32_weights) or the
  * GGUF's quantized blocks read in place (kvz_qdot): a few tokens at a time
  * (decode) go through int8 dot products on the quantized rows; larger batches
- * dequantize a tile of weight rows at a time into a small buffer and run an
- * OpenBLAS SGEMM on it, so prefill keeps the fp32 GEMM speed without an fp32
- * copy of the model. */
+ * dequantize up to 32 MiB of weight rows at a time into a reused buffer and run
+ * one multithreaded OpenBLAS SGEMM on it, so prefill keeps the fp32 GEMM speed
+ * without an fp32 copy of the model. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -27,17 +27,32 @@
 #define KVZ_ATTN_KCHUNK 256
 
 /* Batches below this many tokens use int8 dot products on the quantized rows;
- * larger ones dequantize weight tiles for SGEMM (the dequantization is paid once
- * per tile and batch, so it amortizes over the tokens). */
+ * larger ones dequantize the weights for SGEMM (the dequantization is paid once
+ * per weight row and batch, so it amortizes over the tokens). */
 #define KVZ_QGEMM_MIN_TOKENS 16
-#define KVZ_QTILE_ROWS 64
+/* A batched pass dequantizes up to this many weight floats (32 MiB, in the
+ * scratch it shares with attention) and runs one multithreaded SGEMM on them:
+ * chunks this large make the SGEMM as efficient as on fp32 weights (it packs the
+ * activations once per call, so small tiles repack them over and over: 64-row
+ * tiles cost 10-15% of a prefill). Every matrix of SmolLM2-135M fits in one
+ * chunk, Qwen2.5-0.5B's gate+up takes two. A row wider than 1/64 of the budget
+ * (no model here) gets 64-row chunks. */
+#define KVZ_QGEMM_CHUNK_FLOATS ((size_t)8 << 20)
+#define KVZ_QGEMM_MIN_ROWS 64
 
-/* Scratch floats linear() needs for n tokens of input width in. */
+static size_t qgemm_chunk_floats(int in)
+{
+    const size_t min = (size_t)KVZ_QGEMM_MIN_ROWS * (size_t)in;
+    return KVZ_QGEMM_CHUNK_FLOATS > min ? KVZ_QGEMM_CHUNK_FLOATS : min;
+}
+
+/* Scratch floats linear() needs for n tokens of input width in (nthr: unused, the
+ * bound does not grow with the threads). */
 static size_t linear_work_floats(int n, int in, int nthr)
 {
+    (void)nthr;
     const size_t q8 = ((size_t)n * kvz_q8_row_bytes(in) + 3) / 4;
-    const size_t tiles = (size_t)nthr * KVZ_QTILE_ROWS * (size_t)in;
-    return (n < KVZ_QGEMM_MIN_TOKENS ? q8 : tiles) + 16;
+    return (n < KVZ_QGEMM_MIN_TOKENS ? q8 : qgemm_chunk_floats(in)) + 16;
 }
 
 /* y (n, ·) = x (n, in) · [W_0; W_1; ..]ᵀ: the outputs of matrix k land in columns
@@ -84,24 +99,23 @@ static void linear(const kvz_wmat *W, int nw, const float *x, int n, int in, flo
         }
         return;
     }
-    int64_t toff[4] = {0};
-    for (int k = 0; k < nw; k++) toff[k + 1] = toff[k] + (W[k].rows + KVZ_QTILE_ROWS - 1) / KVZ_QTILE_ROWS;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t t = 0; t < toff[nw]; t++) {
-        int k = 0;
-        while (t >= toff[k + 1]) k++;
-        const kvz_wmat *w = &W[k];
-        const int64_t r0 = (t - toff[k]) * KVZ_QTILE_ROWS;
-        const int nr = (int)(w->rows - r0 < KVZ_QTILE_ROWS ? w->rows - r0 : KVZ_QTILE_ROWS);
-        const uint8_t *src = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
-        const float *tile = (const float *)src;
-        if (w->type != KVZ_TYPE_F32) {
-            float *buf = work + (size_t)omp_get_thread_num() * KVZ_QTILE_ROWS * (size_t)in;
-            kvz_dequantize(w->type, src, buf, (int64_t)nr * in);
-            tile = buf;
+    /* the rows of all matrices, in equal chunks (multiples of 16 rows) that fit the
+     * scratch; each chunk: dequantize in parallel, then one multithreaded SGEMM */
+    const int64_t total = off[nw], max_rows = (int64_t)(qgemm_chunk_floats(in) / (size_t)in) / 16 * 16;
+    const int64_t nch = (total + max_rows - 1) / max_rows;
+    const int64_t rows = ((total + nch - 1) / nch + 15) / 16 * 16;
+    for (int64_t r0 = 0; r0 < total; r0 += rows) {
+        const int64_t nr = total - r0 < rows ? total - r0 : rows;
+#pragma omp parallel for schedule(static)
+        for (int64_t r = r0; r < r0 + nr; r++) {
+            int k = 0;
+            while (r >= off[k + 1]) k++;
+            const kvz_wmat *w = &W[k];
+            kvz_dequantize(w->type, (const uint8_t *)w->data + (size_t)(r - off[k]) * w->row_bytes,
+                           work + (size_t)(r - r0) * in, in);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, nr, in, 1.0f, x, in, tile, in, beta,
-                    y + off[k] + r0, ldy);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, (int)nr, in, 1.0f, x, in, work, in,
+                    beta, y + r0, ldy);
     }
 }
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kvz_error.h"
+#include "kvz_qdot.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "kvz_quant.c assumes a little-endian host"
@@ -305,8 +306,165 @@ static void deq_q6_k(const uint8_t *x, float *y, int64_t nb)
 }
 
 /* ------------------------------------------------------------------------ */
+/* AVX2 row kernels for the types the models here use (3-8x the scalar loops,
+ * which matters for prefill: every batched pass dequantizes every weight). They
+ * evaluate the scalar expressions with the same scale products; the types with an
+ * offset (Q4_1 q·d + m, Q4_K d1·q − m1) use one FMA, as the scalar code does
+ * where the compiler contracts it, so they are within half an ulp of the product
+ * of the scalar result and the product-only types (Q5_0, Q8_0, Q6_K) give the
+ * same bits: tests/fast/test_quant checks both on random blocks. The target
+ * options are their own (the build's -march does not matter); kvz_dequantize runs
+ * them when the CPU has AVX2 (kvz_qdot_active_isa: KVZ_QDOT_ISA=scalar turns them
+ * off too). */
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define KVZ_DEQ_X86 1
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+
+/* 32 bytes (unsigned, or signed when sgn) -> fp32 v·a + b in one FMA (b = NULL: v·a) */
+static inline void st32(float *y, __m256i v, int sgn, __m256 a, const __m256 *b)
+{
+    const __m128i h[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
+    for (int k = 0; k < 4; k++) {
+        const __m128i e = k & 1 ? _mm_srli_si128(h[k >> 1], 8) : h[k >> 1];
+        const __m256 f = _mm256_cvtepi32_ps(sgn ? _mm256_cvtepi8_epi32(e) : _mm256_cvtepu8_epi32(e));
+        _mm256_storeu_ps(y + 8 * k, b ? _mm256_fmadd_ps(f, a, *b) : _mm256_mul_ps(f, a));
+    }
+}
+
+/* low nibbles of 16 bytes -> bytes 0..15, high nibbles -> 16..31 */
+static inline __m256i nib32(const uint8_t *p)
+{
+    const __m128i r = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(r, 4), r), _mm256_set1_epi8(15));
+}
+
+static void deq_q4_1_avx2(const uint8_t *x, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += 20, y += QK) {
+        const __m256 m = _mm256_set1_ps(ld_f16(x + 2));
+        st32(y, nib32(x + 4), 0, _mm256_set1_ps(ld_f16(x)), &m);
+    }
+}
+
+static void deq_q8_0_avx2(const uint8_t *x, float *y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, x += 34, y += QK)
+        st32(y, _mm256_loadu_si256((const __m256i *)(x + 2)), 1, _mm256_set1_ps(ld_f16(x)), NULL);
+}
+
+static void deq_q5_0_avx2(const uint8_t *x, float *y, int64_t nb)
+{
+    const __m256i idx = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                          0x0101010101010101LL, 0);
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    for (int64_t i = 0; i < nb; i++, x += 22, y += QK) {
+        uint32_t qh;
+        memcpy(&qh, x + 2, 4); /* bit e = 5th bit of element e */
+        __m256i h = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), idx), sel);
+        h = _mm256_and_si256(_mm256_cmpeq_epi8(h, sel), _mm256_set1_epi8(0x10));
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nib32(x + 6), h), _mm256_set1_epi8(16));
+        st32(y, q, 1, _mm256_set1_ps(ld_f16(x)), NULL);
+    }
+}
+
+static void deq_q4_k_avx2(const uint8_t *x, float *y, int64_t nb)
+{
+    const __m256i lo = _mm256_set1_epi8(15);
+    for (int64_t i = 0; i < nb; i++, x += 144) {
+        const float d = ld_f16(x), dmin = ld_f16(x + 2);
+        const uint8_t *q = x + 16;
+        for (int is = 0; is < 8; is += 2, q += 32, y += 64) {
+            uint8_t sc, mn;
+            scale_min_k4(is, x + 4, &sc, &mn);
+            const __m256 m1 = _mm256_set1_ps(-(dmin * mn));
+            const __m256 d1 = _mm256_set1_ps(d * sc);
+            scale_min_k4(is + 1, x + 4, &sc, &mn);
+            const __m256 m2 = _mm256_set1_ps(-(dmin * mn));
+            const __m256 d2 = _mm256_set1_ps(d * sc);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)q);
+            /* d1·u − m1 == d1·u + (−m1) exactly */
+            st32(y, _mm256_and_si256(v, lo), 0, d1, &m1);
+            st32(y + 32, _mm256_and_si256(_mm256_srli_epi16(v, 4), lo), 0, d2, &m2);
+        }
+    }
+}
+
+static void deq_q6_k_avx2(const uint8_t *x, float *y, int64_t nb)
+{
+    const __m256i lo = _mm256_set1_epi8(15), hi2 = _mm256_set1_epi8(0x30), b32 = _mm256_set1_epi8(32);
+    for (int64_t i = 0; i < nb; i++, x += 210) {
+        const uint8_t *ql = x, *qh = x + 128;
+        const int8_t *sc = (const int8_t *)(x + 192);
+        const float d = ld_f16(x + 208);
+        for (int n = 0; n < QK_K; n += 128, ql += 64, qh += 32, sc += 8, y += 128) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, lo), _mm256_and_si256(_mm256_slli_epi16(h, 4), hi2));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, lo), _mm256_and_si256(_mm256_slli_epi16(h, 2), hi2));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), lo), _mm256_and_si256(h, hi2));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), lo),
+                                   _mm256_and_si256(_mm256_srli_epi16(h, 2), hi2));
+            for (int k = 0; k < 4; k++) {
+                const __m256i v = _mm256_sub_epi8(q[k], b32);
+                /* 16 elements per scale: split the 32 bytes in halves */
+                const __m128i hv[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
+                for (int s = 0; s < 2; s++) {
+                    const __m256 a = _mm256_set1_ps(d * sc[2 * k + s]);
+                    _mm256_storeu_ps(y + 32 * k + 16 * s,
+                                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hv[s])), a));
+                    _mm256_storeu_ps(y + 32 * k + 16 * s + 8,
+                                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hv[s], 8))), a));
+                }
+            }
+        }
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif /* KVZ_DEQ_X86 */
+
+/* The AVX2 kernel of a type, or NULL. */
+typedef void (*deq_fn)(const uint8_t *, float *, int64_t);
+static deq_fn deq_avx2(uint32_t type)
+{
+#ifdef KVZ_DEQ_X86
+    switch (type) {
+    case KVZ_TYPE_Q4_1: return deq_q4_1_avx2;
+    case KVZ_TYPE_Q5_0: return deq_q5_0_avx2;
+    case KVZ_TYPE_Q8_0: return deq_q8_0_avx2;
+    case KVZ_TYPE_Q4_K: return deq_q4_k_avx2;
+    case KVZ_TYPE_Q6_K: return deq_q6_k_avx2;
+    default: break;
+    }
+#endif
+    (void)type;
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
 
 int kvz_dequantize(uint32_t type, const void *src, float *dst, int64_t n)
+{
+    static int isa = -1;
+    if (isa < 0) isa = kvz_qdot_active_isa();
+    return kvz_dequantize_isa(isa, type, src, dst, n);
+}
+
+int kvz_dequantize_isa(int isa, uint32_t type, const void *src, float *dst, int64_t n)
 {
     const type_info *t = find_type(type);
     if (!t || !t->supported)
@@ -318,6 +476,11 @@ int kvz_dequantize(uint32_t type, const void *src, float *dst, int64_t n)
     if (n == 0) return 0;
     const uint8_t *x = src;
     const int64_t nb = n / t->blck;
+    const deq_fn fast = isa >= KVZ_ISA_AVX2 && kvz_qdot_cpu_isa() >= KVZ_ISA_AVX2 ? deq_avx2(type) : NULL;
+    if (fast) {
+        fast(x, dst, nb);
+        return 0;
+    }
     switch (type) {
     case KVZ_TYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
     case KVZ_TYPE_F16:

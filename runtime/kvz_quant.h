@@ -39,6 +39,11 @@ int64_t kvz_type_nbytes(uint32_t type, int64_t n);
  * @return 0, KVZ_ERR_UNSUPPORTED (type), KVZ_ERR_ARG (n not a block multiple).
  */
 int kvz_dequantize(uint32_t type, const void *src, float *dst, int64_t n);
+/** Same with an explicit ISA (KVZ_ISA_* of kvz_qdot.h): KVZ_ISA_SCALAR is the
+ *  reference; AVX2 (or higher) runs the AVX2 kernels of Q4_1, Q5_0, Q8_0, Q4_K and
+ *  Q6_K when the CPU has AVX2, which give the same bits. kvz_dequantize uses
+ *  kvz_qdot_active_isa(). */
+int kvz_dequantize_isa(int isa, uint32_t type, const void *src, float *dst, int64_t n);
 
 float kvz_fp16_to_fp32(uint16_t h);
 uint16_t kvz_fp32_to_fp16(float f);     /**< round to nearest even */

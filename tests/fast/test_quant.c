@@ -8,11 +8,18 @@
  * the result by at most half an ulp of the product term. The product is bounded
  * by the block's largest |value|, so we accept |got - want| <= 2^-22 * blockmax.
  * Types whose formula is a single product (F16, BF16, Q4_0, Q5_0, Q8_0, Q6_K's
- * (d*sc)*q) must match bit for bit. */
+ * (d*sc)*q) must match bit for bit.
+ *
+ * The AVX2 kernels (kvz_dequantize's default on this CPU) against the scalar
+ * reference (kvz_dequantize_isa(KVZ_ISA_SCALAR, ..)) on random blocks with extreme
+ * scales (max fp16, subnormal, zero, negative): bit for bit for the product-only
+ * types, within the same 2^-22 * blockmax for Q4_1 / Q4_K (one FMA vs maybe two
+ * roundings). */
 #include <stdint.h>
 #include <time.h>
 
 #include "kvz_error.h"
+#include "kvz_qdot.h"
 #include "kvz_quant.h"
 #include "kvz_test.h"
 
@@ -255,12 +262,74 @@ static void bench(void)
     free(src);
 }
 
+/* fp16 scale fields: random finite values, with the extremes mixed in */
+static uint16_t rand_scale(uint32_t *st)
+{
+    static const uint16_t ext[] = {0x7bff, 0xfbff, 0x0001, 0x8001, 0x03ff, 0x0000, 0x8000, 0x3c00, 0x0400};
+    *st = *st * 1664525u + 1013904223u;
+    const uint32_t r = *st >> 8;
+    if (r % 4 == 0) return ext[(r >> 4) % (sizeof ext / sizeof ext[0])];
+    uint16_t h = (uint16_t)(r >> 3);
+    if ((h & 0x7c00) == 0x7c00) h &= 0xbfff; /* no inf / nan */
+    return h;
+}
+
+static void test_isa(void)
+{
+    const int isa = kvz_qdot_cpu_isa();
+    printf("dequantize: %s kernels vs scalar\n", kvz_isa_name(isa >= KVZ_ISA_AVX2 ? KVZ_ISA_AVX2 : isa));
+    if (isa < KVZ_ISA_AVX2) printf("  (this CPU has no AVX2: both sides run the scalar code)\n");
+    static const struct { uint32_t type; int exact; int nscale; int scale_off[2]; } ts[] = {
+        {KVZ_TYPE_Q4_1, 0, 2, {0, 2}}, {KVZ_TYPE_Q5_0, 1, 1, {0, 0}}, {KVZ_TYPE_Q8_0, 1, 1, {0, 0}},
+        {KVZ_TYPE_Q4_K, 0, 2, {0, 2}}, {KVZ_TYPE_Q6_K, 1, 1, {208, 0}},
+        {KVZ_TYPE_Q4_0, 1, 1, {0, 0}}, {KVZ_TYPE_Q5_1, 0, 2, {0, 4}}, {KVZ_TYPE_Q5_K, 0, 2, {0, 2}},
+    };
+    uint32_t st = 12345;
+    for (size_t t = 0; t < sizeof ts / sizeof ts[0]; t++) {
+        const int64_t be = kvz_type_block_elems(ts[t].type), bb = kvz_type_block_bytes(ts[t].type);
+        const int64_t nblk = 4096, n = nblk * be;
+        uint8_t *src = malloc((size_t)(nblk * bb));
+        float *a = malloc((size_t)n * sizeof *a), *b = malloc((size_t)n * sizeof *b);
+        if (!src || !a || !b) { CHECK(0); return; }
+        for (int64_t i = 0; i < nblk * bb; i++) {
+            st = st * 1664525u + 1013904223u;
+            src[i] = (uint8_t)(st >> 24);
+        }
+        for (int64_t k = 0; k < nblk; k++)
+            for (int s = 0; s < ts[t].nscale; s++) {
+                const uint16_t h = rand_scale(&st);
+                memcpy(src + k * bb + ts[t].scale_off[s], &h, 2);
+            }
+        CHECK(kvz_dequantize_isa(KVZ_ISA_SCALAR, ts[t].type, src, a, n) == 0);
+        CHECK(kvz_dequantize_isa(KVZ_ISA_AVX2, ts[t].type, src, b, n) == 0);
+        int64_t bad = 0;
+        double worst = 0;
+        for (int64_t k = 0; k < nblk; k++) {
+            double bmax = 0;
+            for (int64_t j = 0; j < be; j++) bmax = fmax(bmax, fabs((double)a[k * be + j]));
+            for (int64_t j = 0; j < be; j++) {
+                const float x = a[k * be + j], y = b[k * be + j];
+                const double d = fabs((double)x - (double)y);
+                if (ts[t].exact ? f32_bits(x) != f32_bits(y) : d > ldexp(bmax, -22)) bad++;
+                if (bmax > 0) worst = fmax(worst, d / bmax);
+            }
+        }
+        printf("  %-5s %lld blocks: %lld differ%s, max |d| / blockmax %.3g\n", kvz_type_name(ts[t].type),
+               (long long)nblk, (long long)bad, ts[t].exact ? " in any bit" : " beyond 2^-22 blockmax", worst);
+        CHECKF(bad == 0, "%s: AVX2 and scalar dequantization differ", kvz_type_name(ts[t].type));
+        free(src);
+        free(a);
+        free(b);
+    }
+}
+
 int main(void)
 {
     test_type_table();
     test_fp16();
     test_bf16();
     test_golden();
+    test_isa();
     bench();
     return kvz_test_summary();
 }

@@ -2,7 +2,7 @@
  * kvz_qdot, no fp32 copy) vs HF transformers and vs the fp32 path
  * (tests/golden/logits_smollm2.bin; checks described in golden_logits.h).
  *
- * Tolerances: batched passes (>= 16 tokens) dequantize weight tiles into fp32
+ * Tolerances: batched passes (>= 16 tokens) dequantize weight rows into fp32
  * and run the same SGEMMs as the fp32 path: same 2e-3 / 2e-5 as test_forward.c.
  * Decode steps quantize activations to int8 per 32-element block: each product
  * carries a relative error of ~1/254 of its block's largest activation, which

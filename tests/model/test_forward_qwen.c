@@ -10,7 +10,7 @@
  * Tolerances. fp32 weights: both sides are fp32 math on identical dequantized
  * weights; only summation order and libm differ (the same bounds as test_forward.c
  * for SmolLM2; measured values are printed). Quantized path: batched passes use
- * tile-dequantized SGEMM (the fp32 bounds); decode steps quantize activations to
+ * chunk-dequantized SGEMM (the fp32 bounds); decode steps quantize activations to
  * int8 per block (see test_forward_quant.c), bounded by dec_tol / dec_rel below.
  * Measured (2026-12-01, this 2-core AVX2 machine): fp32 max |dlogit| over the top-16
  * of every position 6.3e-5 / 2.9e-5, last-position relative L2 1e-6, incremental
