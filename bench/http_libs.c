@@ -744,7 +744,7 @@ static double pct(double *v, size_t n, double p)
 
 typedef struct {
     double rps, p50, p99, ttfc50, ttfc99, cpu_us, maxrss_mb, rss_mb;
-    long errors, reconnects, threads, bad;
+    long errors, reconnects, threads, bad; /* threads: the server's, sampled once all connections are open */
 } load_res;
 
 static int run_load(server *s, int sse, int conc, double secs, load_res *r)
@@ -794,7 +794,7 @@ static int run_load(server *s, int sse, int conc, double secs, load_res *r)
     r->cpu_us = served ? (b.cpu_s - a.cpu_s) / (double)served * 1e6 : 0;
     r->maxrss_mb = (double)b.maxrss_kb / 1024.0;
     r->rss_mb = (double)b.rss_kb / 1024.0;
-    r->threads = b.threads;
+    r->threads = a.threads;
     r->errors = err;
     r->reconnects = rec;
     r->bad = (long)(b.bad - a.bad);
@@ -992,7 +992,7 @@ int maxconn = 0;
         }
 
     printf("\n| library | load | conns | req/s (spread) | p50 ms | p99 ms (spread) | first SSE chunk p50 / p99 ms "
-           "| server CPU us/req | peak RSS MB | errors |\n|---|---|---|---|---|---|---|---|---|---|\n");
+           "| server CPU us/req | server threads | peak RSS MB | errors |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int li = 0; li < nlibs; li++) {
         int lib = libs[li];
         for (int sse = 0; sse < 2; sse++)
@@ -1011,9 +1011,9 @@ int maxconn = 0;
                 }
                 char first[48] = "-";
                 if (sse) snprintf(first, sizeof first, "%.2f / %.2f", m->ttfc50 * 1e3, m->ttfc99 * 1e3);
-                printf("| %s | %s | %d | %.0f (%.0f-%.0f) | %.2f | %.2f (%.2f-%.2f) | %s | %.1f | %.1f | %ld |\n",
+                printf("| %s | %s | %d | %.0f (%.0f-%.0f) | %.2f | %.2f (%.2f-%.2f) | %s | %.1f | %ld | %.1f | %ld |\n",
                        LIB_NAME[lib], sse ? "SSE" : "JSON", conc[ci], m->rps, v[0].rps, v[rounds - 1].rps,
-                       m->p50 * 1e3, m->p99 * 1e3, p99lo * 1e3, p99hi * 1e3, first, m->cpu_us, rss, err);
+                       m->p50 * 1e3, m->p99 * 1e3, p99lo * 1e3, p99hi * 1e3, first, m->cpu_us, m->threads, rss, err);
             }
     }
     printf("\n| library | idle RSS MB | threads idle | disconnect noticed after, ms: median (min-max) | missed |\n"
