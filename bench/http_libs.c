@@ -1011,8 +1011,9 @@ int maxconn = 0;
                 }
                 char first[48] = "-";
                 if (sse) snprintf(first, sizeof first, "%.2f / %.2f", m->ttfc50 * 1e3, m->ttfc99 * 1e3);
-                printf("| %s | %s | %d | %.0f (%.0f-%.0f) | %.2f | %.2f (%.2f-%.2f) | %s | %.1f | %ld | %.1f | %ld |\n",
-                       LIB_NAME[lib], sse ? "SSE" : "JSON", conc[ci], m->rps, v[0].rps, v[rounds - 1].rps,
+                const int dp = v[0].rps < 100 ? 1 : 0; /* req/s decimals */
+                printf("| %s | %s | %d | %.*f (%.*f-%.*f) | %.2f | %.2f (%.2f-%.2f) | %s | %.1f | %ld | %.1f | %ld |\n",
+                       LIB_NAME[lib], sse ? "SSE" : "JSON", conc[ci], dp, m->rps, dp, v[0].rps, dp, v[rounds - 1].rps,
                        m->p50 * 1e3, m->p99 * 1e3, p99lo * 1e3, p99hi * 1e3, first, m->cpu_us, m->threads, rss, err);
             }
     }
