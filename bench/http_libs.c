@@ -93,7 +93,7 @@ static void make_text(char *s, size_t n, const char *head, const char *tail)
 /* what the child tells the parent on request */
 typedef struct {
     double cpu_s;       /* user + system CPU of the whole server process */
-    long maxrss_kb;     /* ru_maxrss */
+    long maxrss_kb;     /* VmHWM: peak RSS of this process image */
     long rss_kb;        /* VmRSS now */
     long threads;       /* Threads now */
     uint64_t served;    /* requests answered in full */
@@ -470,7 +470,7 @@ static void child_main(int lib, int maxconn, int in, int out)
         srv_stats st = {
             .cpu_s = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
                      ru.ru_stime.tv_usec * 1e-6,
-            .maxrss_kb = ru.ru_maxrss,
+            .maxrss_kb = proc_status_kb("VmHWM"), /* not ru_maxrss: Linux carries that over exec from the forked client */
             .rss_kb = proc_status_kb("VmRSS"),
             .threads = proc_status_kb("Threads"),
             .served = atomic_load(&s_served),
