@@ -643,8 +643,8 @@ static double reprefill_first(kvz_model *m, const int32_t *pre, int32_t np, cons
 typedef struct store_row {
     int32_t T;
     const char *dt;
-    double ingest, old_load, load_cold, load, ft, reprefill, hit, hit_ft, load_map;
-    kvz_load_profile prof; /* one more load, copy route */
+    double ingest, old_load, load_cold, load, ft, reprefill, hit, hit_ft, load_map, load_copy;
+    kvz_load_profile prof; /* one more load, default route */
     double stored_per_tok, kept_gb, kept_bf16_gb;
     int ok;
 } store_row;
@@ -730,11 +730,25 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
                 else if (rep == 1 || tl < r->load) r->load = tl;
                 if (rep < 2) kvz_kv_free(kv);
             }
-            { /* where the time goes (copy route), and the route before it (through the map) */
+            { /* where the time goes (default route), the copy route (every record through pinned slots) and the
+               * route before it (through the map), interleaved with the default route */
                 kvz_kv *k2;
                 kvz_load_opts lo = {.profile = &r->prof};
                 API(kvz_load_doc(m, st, id, 0, 1024, &lo, &k2, &dm));
                 kvz_kv_free(k2);
+                kvz_load_opts lc = {.no_direct = 1};
+                for (int rep = 0; rep < 2; rep++) {
+                    t0 = sync_now();
+                    API(kvz_load_doc(m, st, id, 0, 1024, &lc, &k2, &dm));
+                    double tl = sync_now() - t0;
+                    if (rep == 0 || tl < r->load_copy) r->load_copy = tl;
+                    kvz_kv_free(k2);
+                    t0 = sync_now();
+                    API(kvz_load_doc(m, st, id, 0, 1024, NULL, &k2, &dm));
+                    tl = sync_now() - t0;
+                    if (tl < r->load) r->load = tl;
+                    kvz_kv_free(k2);
+                }
                 kvz_load_opts lm = {.map_only = 1};
                 for (int rep = 0; rep < 2; rep++) {
                     t0 = sync_now();
@@ -780,17 +794,19 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
                r->reprefill, r->hit, r->hit_ft, (r->hit + r->hit_ft) / r->reprefill, r->kept_gb,
                r->kept_gb / r->load, r->kept_bf16_gb / r->load, 100 * r->kept_gb / r->load / (h2d / 1e9));
     }
-    printf("\n| tokens | stored | load s | load s through the map (the route before) | records copied / zstd / mapped | "
-           "worker s: copy (pread) / hash + row check / header check / zstd / map route | slot wait s | upload thread s: "
-           "wait for layers / H2D + kernel / alloc | total s |\n|---|---|---|---|---|---|---|---|---|\n");
+    printf("\n| tokens | stored | load s | copy route s (no direct upload) | load s through the map (the route before) | "
+           "records direct / copied / zstd / mapped | worker s: copy (pread) / hash + row check / header check / zstd / "
+           "map route / register | slot wait s | upload thread s: wait for layers / H2D + kernel / alloc / unregister | "
+           "total s |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < nr; i++) {
         const store_row *r = &rows[i];
         const kvz_load_profile *p = &r->prof;
-        printf("| %d | %s | %.4f | %.4f | %llu / %llu / %llu | %.4f / %.4f / %.4f / %.4f / %.4f | %.4f | %.4f / %.4f / %.4f "
-               "| %.4f |\n", r->T, r->dt, r->load, r->load_map, (unsigned long long)p->records_copied,
+        printf("| %d | %s | %.4f | %.4f | %.4f | %llu / %llu / %llu / %llu | %.4f / %.4f / %.4f / %.4f / %.4f / %.4f | %.4f "
+               "| %.4f / %.4f / %.4f / %.4f | %.4f |\n", r->T, r->dt, r->load, r->load_copy, r->load_map,
+               (unsigned long long)p->records_direct, (unsigned long long)p->records_copied,
                (unsigned long long)p->records_zstd, (unsigned long long)p->records_mapped, p->copy_s, p->hash_s,
-               p->check_s, p->zstd_s, p->map_s, p->slot_wait_s,
-               p->ready_wait_s, p->upload_s, p->alloc_s, p->total_s);
+               p->check_s, p->zstd_s, p->map_s, p->register_s, p->slot_wait_s,
+               p->ready_wait_s, p->upload_s, p->alloc_s, p->unregister_s, p->total_s);
     }
     /* decode threads vs load time, longest document of each dtype */
     printf("\n| load threads (longest document) | stored | 1 | 2 | 4 | 8 | 12 | 16 | GB/s at best |\n|---|---|---|---|---|---|---|---|---|\n");

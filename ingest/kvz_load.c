@@ -43,6 +43,8 @@ typedef struct load_job {
     size_t prb;         /* the prefix blob's */
     int gpu;
     int map_only;
+    int direct;         /* GPU: codec-none records of the document uploaded straight from the map */
+    size_t direct_min;  /* ... when at least this long */
     int nslot;
     void *slots[16];
     kvz_load_sync sy;   /* lock, condition, first error */
@@ -51,6 +53,8 @@ typedef struct load_job {
     int nfree;
     int8_t *slot_of;    /* (n_layer) the slot layer l was decoded into */
     uint8_t *ready;     /* (n_layer) decoded */
+    const uint8_t **src; /* (n_layer, direct) the verified record in the registered map, else NULL */
+    void **reg;         /* (n_layer, direct) its registration (kvz_cuda_host_unregister) */
     kvz_load_profile prof; /* summed over the workers (sy.mu) */
 } load_job;
 
@@ -122,7 +126,27 @@ static void *load_worker(void *arg)
         if (stop) break;
         uint8_t *s = j->gpu ? j->slots[slot] : buf;
         const kvz_load_at da = doc_at(j, l);
-        rc = kvz_load_record(&rd, bm, j->hash, 0, l, s, da);
+        rc = KVZ_ERR_UNSUPPORTED;
+#ifdef KVZ_HAVE_CUDA
+        if (j->direct && da.len >= j->direct_min) { /* verified in the map, then registered: no host copy */
+            const uint8_t *rec;
+            rc = kvz_load_record_mapped(&rd, bm, j->hash, l, da, &rec);
+            if (!rc) {
+                const double t0 = kvz_now();
+                void *base;
+                if (kvz_cuda_host_register(rec, da.len, &base)) {
+                    rc = KVZ_ERR_UNSUPPORTED; /* e.g. the driver cannot pin these pages: copy instead */
+                    rd.pf.records_direct--;
+                    rd.pf.bytes -= da.len;
+                } else {
+                    j->src[l] = rec;
+                    j->reg[l] = base;
+                }
+                pf->register_s += kvz_now() - t0;
+            }
+        }
+#endif
+        if (rc == KVZ_ERR_UNSUPPORTED) rc = kvz_load_record(&rd, bm, j->hash, 0, l, s, da);
         if (!rc && j->pm) rc = kvz_load_record(&rd, j->pm, j->pm_hash, 1, l, s, pre_at(j, l));
         if (!rc && !j->gpu) {
             const double t0 = kvz_now();
@@ -237,7 +261,10 @@ static void upload_loop(load_job *j)
                                      0, pa.k, pa.v, pa.pos, layer_bytes(j, l));
             row0 = (int)j->pm->n_prefix;
         }
-        if (!rc)
+        if (!rc && j->src && j->src[l]) /* straight from the registered map; the record starts at da.x */
+            rc = kvz_cuda_load_layer_src(j->kv, (int32_t)l, slot, j->src[l], da.len, bm->dtype,
+                                         bm->counts + (size_t)l * bm->n_kv_head, da.k - da.x, da.v - da.x, da.pos - da.x);
+        else if (!rc)
             rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, bm->dtype, bm->counts + (size_t)l * bm->n_kv_head,
                                      row0, da.k, da.v, da.pos, j->pm ? 0 : layer_bytes(j, l));
         if (!rc && prev >= 0) rc = release_slot(j, prev);
@@ -272,9 +299,11 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     pthread_t th[64];
     int nth = 0;
     int rc;
+    /* this read transaction stays open until the load is over: it is older than the
+     * workers', so no writer reuses a page the device still reads (direct route) */
+    kvz_store_read *r;
+    if ((rc = kvz_store_read_begin(st, &r))) return rc;
     {
-        kvz_store_read *r;
-        if ((rc = kvz_store_read_begin(st, &r))) return rc;
         const uint8_t *rec;
         size_t len;
         rc = kvz_store_read_doc(r, doc_id, &meta->info);
@@ -302,8 +331,8 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
                 rc = kvz_error_set(KVZ_ERR_FORMAT, "document '%s': its shared prefix blob does not hold the %u-token "
                                    "prefix of this model's shape", doc_id, bm.n_prefix);
         }
-        kvz_store_read_end(r);
         if (rc) {
+            kvz_store_read_end(r);
             kvz_blob_meta_free(&bm);
             kvz_blob_meta_free(&pm);
             return rc;
@@ -370,8 +399,19 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     j.kv = kv;
 #ifdef KVZ_HAVE_CUDA
     if (j.gpu) {
+        j.direct = !j.pm && !j.map_only && !(o && o->no_direct);
+        j.direct_min = o && o->direct_min ? o->direct_min : (size_t)64 << 10;
+        if (j.direct) {
+            j.src = calloc(bm.n_layer, sizeof *j.src);
+            j.reg = calloc(bm.n_layer, sizeof *j.reg);
+            if (!j.src || !j.reg) {
+                rc = KVZ_ERR_NOMEM;
+                goto out;
+            }
+        }
         j.nslot = kvz_load_plan_slots(&want, bm.n_layer, KVZ_CUDA_LOAD_MAX_SLOTS);
-        if ((rc = kvz_cuda_load_slots(m, max_bytes, j.nslot, j.slots))) goto out;
+        /* + 16: a direct record is shifted so that its K rows land 16-byte aligned */
+        if ((rc = kvz_cuda_load_slots(m, max_bytes + 16, j.nslot, j.slots))) goto out;
         for (int i = 0; i < j.nslot; i++) j.free_slot[j.nfree++] = i;
     }
 #endif
@@ -394,12 +434,20 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     kvz_load_join(th, nth);
 #ifdef KVZ_HAVE_CUDA
     if (j.gpu && j.sy.err) kvz_cuda_load_finish(m); /* nothing in flight reads the slots after this */
+    if (j.reg) { /* the upload loop ended with kvz_cuda_load_finish (or the line above): nothing reads them */
+        const double tu = kvz_now();
+        for (uint32_t l = 0; l < bm.n_layer; l++) kvz_cuda_host_unregister(j.reg[l]);
+        j.prof.unregister_s += kvz_now() - tu;
+    }
 #endif
     kvz_load_sync_destroy(&j.sy);
     if (j.sy.err) rc = kvz_error_set(j.sy.err, "%s", j.sy.detail);
 out:
+    kvz_store_read_end(r);
     free(j.ready);
     free(j.slot_of);
+    free(j.src);
+    free(j.reg);
     kvz_blob_meta_free(&bm);
     kvz_blob_meta_free(&pm);
     if (rc) {

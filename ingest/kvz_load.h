@@ -19,7 +19,13 @@
  *     cache, so the order does not matter) while the workers go on, gives the slot
  *     back once the device has copied it, and one kernel per layer converts the
  *     stored rows (f32/f16/bf16/q8/q4, common/kvz_kvdtype.h) into the bf16 cache.
- *     The host never converts a value.
+ *     The host never converts a value. A codec-none record of the document
+ *     (q8/q4 usually; ≥ 64 KiB) skips the host copy: a worker checks it where it lies
+ *     in the LMDB map (record checksum, rows, header, positions), registers its pages
+ *     with the driver (cudaHostRegister, read-only) and the calling thread uploads it
+ *     from there; the registrations end with the load (the direct route; the
+ *     calling thread's read transaction, older than the workers', keeps writers off
+ *     those pages until then).
  * Errors are those of kvz_doc_load(); the first failing layer's error wins and
  * nothing is returned (no partial cache).
  * Thread safety: the model is used by the calling thread only (as kvz_forward);
@@ -53,6 +59,9 @@ typedef struct kvz_load_profile {
     uint64_t records_copied; /**< codec-none records read with pread() into place (one hash pass) */
     uint64_t records_zstd;   /**< zstd records read with pread() into scratch (one hash pass) */
     uint64_t records_mapped; /**< records read through the map */
+    uint64_t records_direct; /**< GPU: codec-none records uploaded straight from the registered map */
+    double register_s;       /**< workers: registering map ranges with the CUDA driver (direct route) */
+    double unregister_s;     /**< calling thread: unregistering them after the load */
     uint64_t bytes;          /**< stored bytes of the records */
 } kvz_load_profile;
 
@@ -61,6 +70,11 @@ typedef struct kvz_load_opts {
     kvz_load_profile *profile; /**< NULL, or filled (zeroed first) with where the time went */
     int map_only; /**< 1: read every record through the LMDB map, checked by the store
                        and decoded (the route before copy reads; for comparisons) */
+    int no_direct; /**< 1 (CUDA): never upload straight from the map; every record is
+                        copied into the pinned slots (the copy route, for comparisons) */
+    size_t direct_min; /**< CUDA: records shorter than this are copied, not uploaded from
+                            the map (0: 64 KiB; small records share LMDB pages and gain
+                            nothing; tests set 1) */
 } kvz_load_opts;
 
 /** Workers used by @p o (resolves 0). */

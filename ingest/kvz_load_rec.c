@@ -92,6 +92,63 @@ static int copy_rec(kvz_load_reader *w, const uint8_t *hash, int prefix, uint32_
     return rc;
 }
 
+/* kvz_store_map_layer's piece callback: on_piece over the record in the map */
+typedef struct map_piece_st {
+    piece_st ps;
+    const uint8_t *const *rec;
+} map_piece_st;
+
+static int on_map_piece(void *u, size_t done)
+{
+    map_piece_st *mp = u;
+    mp->ps.base = *mp->rec;
+    return on_piece(&mp->ps, done);
+}
+
+/* the q8/q4 row problem found while hashing, as kvz_blob_decode_layer says it */
+static int bad_rows(const kvz_blob_meta *m, uint32_t l, uint64_t kept, uint64_t bad)
+{
+    const int isv = bad >= kept;
+    return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u %s row %llu: bad %s scale block (NaN, Inf or negative "
+                         "scale, or q8 value -128)", l, isv ? "V" : "K",
+                         (unsigned long long)(isv ? bad - kept : bad), kvz_kv_dtype_name(m->dtype));
+}
+
+int kvz_load_record_mapped(kvz_load_reader *w, const kvz_blob_meta *m, const uint8_t hash[16], uint32_t l,
+                           kvz_load_at at, const uint8_t **rec)
+{
+    *rec = NULL;
+    if (w->map_only) return KVZ_ERR_UNSUPPORTED;
+    const uint64_t kept = kvz_blob_layer_kept(m, l);
+    map_piece_st mp;
+    memset(&mp, 0, sizeof mp);
+    const uint8_t *r = NULL;
+    mp.rec = &r;
+    mp.ps.rows = m->dtype == KVZ_KV_Q8 || m->dtype == KVZ_KV_Q4;
+    mp.ps.dtype = m->dtype;
+    mp.ps.hd = m->head_dim;
+    mp.ps.rb = kvz_blob_kv_row_bytes(m);
+    mp.ps.row0 = at.k - at.x;
+    mp.ps.nrows = 2 * (size_t)kept;
+    mp.ps.bad = UINT64_MAX;
+    size_t len = 0;
+    const double t0 = kvz_now();
+    int rc = kvz_store_map_layer(w->r, hash, l, at.len, &r, &len, on_map_piece, &mp);
+    w->pf.hash_s += kvz_now() - t0;
+    if (rc) return rc;
+    if (!r) return KVZ_ERR_UNSUPPORTED; /* not a codec-none record: the other routes */
+    const double t1 = kvz_now();
+    rc = kvz_blob_layer_placed(m, l, r, len, kvz_xxh3_digest(&mp.ps.hs));
+    w->pf.check_s += kvz_now() - t1;
+    if (!rc && mp.ps.bad != UINT64_MAX) rc = bad_rows(m, l, kept, mp.ps.bad);
+    if (rc == KVZ_ERR_UNSUPPORTED) return rc; /* a zstd record of that length: the copy route decodes it */
+    if (rc) return rc;
+    w->pf.records_direct++;
+    w->pf.bytes += len;
+    *rec = r;
+    return 0;
+}
+
 int kvz_load_record(kvz_load_reader *w, const kvz_blob_meta *m, const uint8_t hash[16], int prefix, uint32_t l,
                     uint8_t *dst, kvz_load_at at)
 {
@@ -115,12 +172,7 @@ int kvz_load_record(kvz_load_reader *w, const kvz_blob_meta *m, const uint8_t ha
             const double t1 = kvz_now();
             rc = kvz_blob_layer_placed(m, l, dst + at.x, len, kvz_xxh3_digest(&ps.hs));
             pf->check_s += kvz_now() - t1;
-            if (!rc && ps.bad != UINT64_MAX) {
-                const int isv = ps.bad >= kept;
-                rc = kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u %s row %llu: bad %s scale block (NaN, Inf or "
-                                   "negative scale, or q8 value -128)", l, isv ? "V" : "K",
-                                   (unsigned long long)(isv ? ps.bad - kept : ps.bad), kvz_kv_dtype_name(m->dtype));
-            }
+            if (!rc && ps.bad != UINT64_MAX) rc = bad_rows(m, l, kept, ps.bad);
             if (rc != KVZ_ERR_UNSUPPORTED) { /* UNSUPPORTED: a zstd record of that length */
                 pf->records_copied++;
                 pf->bytes += len;
@@ -179,6 +231,8 @@ void kvz_load_profile_add(kvz_load_profile *t, const kvz_load_profile *p)
     t->records_copied += p->records_copied;
     t->records_zstd += p->records_zstd;
     t->records_mapped += p->records_mapped;
+    t->records_direct += p->records_direct;
+    t->register_s += p->register_s;
     t->bytes += p->bytes;
 }
 

@@ -83,6 +83,20 @@ void kvz_load_reader_end(kvz_load_reader *w);
 int kvz_load_record(kvz_load_reader *w, const kvz_blob_meta *m, const uint8_t hash[16], int prefix, uint32_t l,
                     uint8_t *dst, kvz_load_at at);
 
+/**
+ * The direct route of the CUDA loader: LAYER record @p l of blob @p hash, when it is
+ * codec none, verified where it lies in the LMDB map (record checksum, q8/q4 rows,
+ * header and positions, as the copy route checks them) and returned in @p *rec for
+ * an upload straight from the map. Its layout is kvz_load_place(0, ..) shifted so
+ * that @p at.x is the record start (offsets at.pos - at.x, at.k - at.x, ...).
+ * @p *rec is valid while a read transaction of this environment as old as @p w's
+ * stays open (kvz_store_map_layer).
+ * @return 0; KVZ_ERR_UNSUPPORTED (not codec none, map_only, or the map is not the data
+ *   file: take kvz_load_record); the errors of kvz_load_record.
+ */
+int kvz_load_record_mapped(kvz_load_reader *w, const kvz_blob_meta *m, const uint8_t hash[16], uint32_t l,
+                           kvz_load_at at, const uint8_t **rec);
+
 /** Add the worker fields and counts of @p p into @p sum (the caller holds any lock). */
 void kvz_load_profile_add(kvz_load_profile *sum, const kvz_load_profile *p);
 

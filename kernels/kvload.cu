@@ -7,6 +7,8 @@
  * elements of one row: it reads the row's scale(s), dequantises in fp32 and stores 16
  * bytes of bf16 (round to nearest even, the same bits as runtime/kvz_quant.c
  * kvz_fp32_to_bf16 of the same fp32 value). */
+#include <unistd.h>
+
 #include "kvz_cuda_common.cuh"
 #include "kvz_kvdtype.h"
 
@@ -216,4 +218,25 @@ extern "C" int kvz_cuda_kv_export_q(cudaStream_t s, const kvz_cuda_kv *kv, int d
         kv_export_q_kernel<KVZ_KV_Q4><<<grid, 128, 0, s>>>(*kv, la, rb, (uint8_t *)k_out, (uint8_t *)v_out, pos_out);
     KVZ_LAUNCH_CHECK("kv_export_q");
     return 0;
+}
+
+extern "C" int kvz_cuda_host_register(const void *p, size_t n, void **base)
+{
+    KVZ_ARG(p && n && base);
+    const long pg = sysconf(_SC_PAGESIZE);
+    const uintptr_t ps = pg > 0 ? (uintptr_t)pg : 4096;
+    const uintptr_t lo = (uintptr_t)p & ~(ps - 1), hi = ((uintptr_t)p + n + ps - 1) & ~(ps - 1);
+    const cudaError_t e = cudaHostRegister((void *)lo, hi - lo, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *base = NULL;
+        return kvz_error_set(KVZ_ERR_CUDA, "cudaHostRegister of %zu bytes: %s", (size_t)(hi - lo), cudaGetErrorString(e));
+    }
+    *base = (void *)lo;
+    return 0;
+}
+
+extern "C" void kvz_cuda_host_unregister(void *base)
+{
+    if (base && cudaHostUnregister(base) != cudaSuccess) cudaGetLastError();
 }

@@ -44,6 +44,25 @@ int kvz_cuda_load_slots(kvz_model *m, size_t slot_bytes, int nslot, void **slots
 int kvz_cuda_load_layer(kvz_kv *kv, int32_t layer, int slot, int dtype, const uint32_t *counts, int32_t row0,
                         size_t k_off, size_t v_off, size_t pos_off, size_t bytes);
 
+/** kvz_cuda_load_layer() for a record that is not in a slot: @p bytes from @p src
+ *  (host memory the driver knows: kvz_cuda_host_register) are copied into slot
+ *  @p slot's device buffer (shifted so that K lands on a 16-byte boundary; the slot
+ *  must hold bytes + 15) and converted into cache rows 0.. of each head. @p src must
+ *  stay unchanged until kvz_cuda_load_wait(slot) or kvz_cuda_load_finish(). */
+int kvz_cuda_load_layer_src(kvz_kv *kv, int32_t layer, int slot, const void *src, size_t bytes, int dtype,
+                            const uint32_t *counts, size_t k_off, size_t v_off, size_t pos_off);
+
+/** Register [@p p, @p p + @p n), rounded out to whole pages, with the CUDA driver as
+ *  read-only page-locked memory (cudaHostRegister: Portable | ReadOnly) so that H2D
+ *  copies read it directly (no staging copy). *@p base: what to give
+ *  kvz_cuda_host_unregister(). The pages must stay mapped until then.
+ *  KVZ_ERR_CUDA (e.g. already registered, or the driver cannot pin the pages; the
+ *  CUDA error is cleared: the caller may take another route). */
+int kvz_cuda_host_register(const void *p, size_t n, void **base);
+
+/** Undo kvz_cuda_host_register() (NULL-safe). Nothing may still read the range. */
+void kvz_cuda_host_unregister(void *base);
+
 /** Wait until slot @p slot's last upload has been read by the device. */
 int kvz_cuda_load_wait(kvz_model *m, int slot);
 

@@ -2696,33 +2696,45 @@ static int getval_fn(void *vc)
 
 #define COPY_PIECE ((size_t)256 << 10) /* fits L2 with room: the caller hashes it while it is there */
 
+/* Look record @p index of @p hash up (B-tree pages only: the value is not read) into
+ * @p g; @p what names it for messages. 0 or the error (a missing record of the
+ * transaction's document is damage). */
+static int find_record(kvz_store_read *r, MDB_dbi dbi, int prefix, const uint8_t hash[16], uint32_t index,
+                       getval_ctx *g, char what[400])
+{
+    memset(g, 0, sizeof *g);
+    g->txn = r->txn;
+    g->dbi = dbi;
+    make_key(g->key, hash, index);
+    char hx[33];
+    hex16(hash, hx);
+    const int of_doc = !prefix && r->have_doc && !memcmp(r->doc_hash, hash, 16);
+    if (of_doc) snprintf(what, 400, "document '" ID_FMT "' (blob %s, layer %u record)", r->doc_id, hx, index);
+    else snprintf(what, 400, "%s %s, layer %u record", prefix ? "shared prefix" : "blob", hx, index);
+    int sig = 0;
+    if (guarded(getval_fn, g, &sig) == FAULT_INTERNAL) {
+        char w2[440];
+        snprintf(w2, sizeof w2, "reading %s", what);
+        return fault_err(sig, w2);
+    }
+    if (g->rc == MDB_NOTFOUND) {
+        if (of_doc) return damaged("%s is missing", what);
+        return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: no record %08x of %s %s", index,
+                             prefix ? "shared prefix" : "blob", hx);
+    }
+    if (g->rc) return lmdb_err(g->rc, "read record");
+    return 0;
+}
+
 static int copy_record(kvz_store_read *r, MDB_dbi dbi, int prefix, const uint8_t hash[16], uint32_t index,
                        void *dst, size_t cap, size_t *len, kvz_store_piece_fn piece, void *user)
 {
     if (!r || !hash || !len || (cap && !dst)) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
     *len = 0;
     getval_ctx g;
-    memset(&g, 0, sizeof g);
-    g.txn = r->txn;
-    g.dbi = dbi;
-    make_key(g.key, hash, index);
-    char hx[33], what[400];
-    hex16(hash, hx);
-    const int of_doc = !prefix && r->have_doc && !memcmp(r->doc_hash, hash, 16);
-    if (of_doc) snprintf(what, sizeof what, "document '" ID_FMT "' (blob %s, layer %u record)", r->doc_id, hx, index);
-    else snprintf(what, sizeof what, "%s %s, layer %u record", prefix ? "shared prefix" : "blob", hx, index);
-    int sig = 0;
-    if (guarded(getval_fn, &g, &sig) == FAULT_INTERNAL) {
-        char w2[440];
-        snprintf(w2, sizeof w2, "reading %s", what);
-        return fault_err(sig, w2);
-    }
-    if (g.rc == MDB_NOTFOUND) {
-        if (of_doc) return damaged("%s is missing", what);
-        return kvz_error_set(KVZ_ERR_NOTFOUND, "kvz_store: no record %08x of %s %s", index,
-                             prefix ? "shared prefix" : "blob", hx);
-    }
-    if (g.rc) return lmdb_err(g.rc, "read record");
+    char what[400];
+    const int frc = find_record(r, dbi, prefix, hash, index, &g, what);
+    if (frc) return frc;
     *len = g.v.mv_size;
     if (g.v.mv_size != cap) return 0; /* not the record the caller expects: nothing copied */
     uint64_t off;
@@ -2753,6 +2765,57 @@ int kvz_store_copy_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, 
     if (!r) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
     if (l == KVZ_BLOB_META_LAYER) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: bad layer index");
     return copy_record(r, r->s->blobs, 0, hash, l, dst, cap, len, piece, user);
+}
+
+typedef struct {
+    size_t cap;
+    kvz_store_piece_fn piece;
+    void *user;
+    int rc;
+} map_pieces_ctx;
+
+static int map_pieces_fn(void *vc)
+{
+    map_pieces_ctx *c = vc;
+    for (size_t done = 0; done < c->cap && !c->rc;) {
+        done += c->cap - done < COPY_PIECE ? c->cap - done : COPY_PIECE;
+        c->rc = c->piece(c->user, done);
+    }
+    return 0;
+}
+
+int kvz_store_map_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, size_t cap, const uint8_t **rec,
+                        size_t *len, kvz_store_piece_fn piece, void *user)
+{
+    if (!r || !hash || !rec || !len || !piece) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    if (l == KVZ_BLOB_META_LAYER) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: bad layer index");
+    *rec = NULL;
+    *len = 0;
+    getval_ctx g;
+    char what[400];
+    const int frc = find_record(r, r->s->blobs, 0, hash, l, &g, what);
+    if (frc) return frc;
+    *len = g.v.mv_size;
+    if (g.v.mv_size != cap) return 0; /* not the record the caller expects */
+    uint64_t off;
+    int fd;
+    struct stat st;
+    if (map_offset(r->s, g.v.mv_data, g.v.mv_size, &off) || mdb_env_get_fd(r->s->env, &fd) || fstat(fd, &st))
+        return kvz_error_set(KVZ_ERR_UNSUPPORTED, "kvz_store: the map of data.mdb is not found in /proc/self/maps");
+    if ((uint64_t)st.st_size < off + cap)
+        return damaged("%s: data.mdb ends at byte %llu, inside it (the file is shorter than its B-tree says)", what,
+                       (unsigned long long)st.st_size);
+    map_pieces_ctx c = {cap, piece, user, 0};
+    int sig = 0;
+    *rec = g.v.mv_data; /* the pieces read through it */
+    if (guarded(map_pieces_fn, &c, &sig) == FAULT_INTERNAL) {
+        char w2[440];
+        snprintf(w2, sizeof w2, "reading %s", what);
+        *rec = NULL;
+        return fault_err(sig, w2);
+    }
+    if (c.rc) *rec = NULL;
+    return c.rc;
 }
 
 int kvz_store_copy_prefix(kvz_store_read *r, const uint8_t hash[16], uint32_t l, void *dst, size_t cap,

@@ -282,6 +282,25 @@ typedef int (*kvz_store_piece_fn)(void *user, size_t done);
 int kvz_store_copy_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, void *dst, size_t cap, size_t *len,
                          kvz_store_piece_fn piece, void *user);
 
+/**
+ * LAYER record @p l of @p hash where it lies in the map, for a reader that uses the
+ * bytes in place (the CUDA loader uploads them straight from the map, registered
+ * with the driver): @p piece runs over the record in pieces of at most 256 KiB as
+ * kvz_store_copy_layer() runs it (the reader hashes and checks them), under the
+ * store's fault guard, so a page that cannot be read is an error, not SIGBUS.
+ * @param cap  the length the caller expects; for a record of another length *rec is
+ *             NULL, *len its length and 0 is returned (nothing read).
+ * @param rec  the record in the map, set before @p piece first runs (the callback
+ *             reads the bytes through it) and NULL again on an error: VALID ONLY UNTIL kvz_store_read_end(r), and
+ *             while no writer can reuse its pages: the caller keeps this transaction
+ *             (or an older one of this environment) open while it uses the bytes.
+ * @return 0; KVZ_ERR_NOTFOUND / KVZ_ERR_FORMAT (as kvz_store_copy_layer(); also a
+ *         data.mdb shorter than the record's end); KVZ_ERR_UNSUPPORTED (the map
+ *         cannot be matched to the data file); KVZ_ERR_LMDB; what @p piece returned.
+ */
+int kvz_store_map_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, size_t cap, const uint8_t **rec,
+                        size_t *len, kvz_store_piece_fn piece, void *user);
+
 /** kvz_store_copy_layer() for record @p l of the shared prefix blob @p hash
  *  (kvz_store_read_prefix()'s records). Same results; KVZ_ERR_NOTFOUND when the
  *  store has no such record. */

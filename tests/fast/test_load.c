@@ -34,6 +34,7 @@
 #include "kvz_ingest.h"
 #include "kvz_kvrow.h"
 #include "kvz_load.h"
+#include "kvz_load_rec.h"
 #include "kvz_model.h"
 #include "kvz_quant.h"
 #include "kvz_rope_shift.h"
@@ -568,17 +569,26 @@ static int run(int device)
         const uint8_t h1[16] = {5, 1, (uint8_t)device}, h2[16] = {5, 2, (uint8_t)device};
         CHECK(put_blob(st, "q8-copy", h1, &bm, &d, 0, NULL, NULL) == 0);
         kvz_load_profile pf;
-        for (int mo2 = 0; mo2 < 2; mo2++) {
-            kvz_load_opts lo = {.threads = 2, .profile = &pf, .map_only = mo2};
+        /* routes: 0 default (CUDA: direct from the registered map for every record: direct_min 1),
+         * 1 through the map, 2 (CUDA) the copy route (no_direct) */
+        const int nroute = device == KVZ_DEVICE_CPU ? 2 : 3;
+        static const char *route_name[3] = {"default", "map", "copy"};
+        for (int mo2 = 0; mo2 < nroute; mo2++) {
+            kvz_load_opts lo = {.threads = 2, .profile = &pf, .map_only = mo2 == 1, .no_direct = mo2 == 2,
+                                .direct_min = 1};
             int rc = kvz_load_doc(m, st, "q8-copy", 0, 0, &lo, &kv, &dm);
             CHECKF(rc == 0, "%s q8-copy: %s", dev, kvz_error_detail());
             if (rc) continue;
             long bad = diff_cache(kv, &d, L, H, hd, KVZ_KV_Q8, device != KVZ_DEVICE_CPU);
-            printf("  %s q8 %s route: %llu records copied, %llu through the map, %ld mismatches\n", dev,
-                   mo2 ? "map" : "copy", (unsigned long long)pf.records_copied, (unsigned long long)pf.records_mapped,
-                   bad);
-            CHECK(bad == 0 && pf.records_copied == (mo2 ? 0u : (uint64_t)L) &&
-                  pf.records_mapped == (mo2 ? (uint64_t)L : 0u));
+            printf("  %s q8 %s route: %llu records straight from the map, %llu copied, %llu through the map, "
+                   "%ld mismatches\n", dev, route_name[mo2], (unsigned long long)pf.records_direct,
+                   (unsigned long long)pf.records_copied, (unsigned long long)pf.records_mapped, bad);
+            CHECK(bad == 0 && pf.records_copied + pf.records_direct == (mo2 == 1 ? 0u : (uint64_t)L) &&
+                  pf.records_mapped == (mo2 == 1 ? (uint64_t)L : 0u));
+            /* the direct route on CUDA: records of their own pages take it (a record sharing a page with
+             * another is registered once only; the rest are copied) */
+            if (mo2 == 0 && device != KVZ_DEVICE_CPU) CHECK(pf.records_direct >= 1);
+            if (mo2 != 0 || device == KVZ_DEVICE_CPU) CHECK(pf.records_direct == 0);
             kvz_kv_free(kv);
         }
         /* layer 1, K row 0: a NaN scale, both checksums fixed (the store takes it) */
@@ -587,6 +597,25 @@ static int run(int device)
         kvz_store_rec *recs = NULL;
         meta_of(m, KVZ_KV_Q8, KVZ_PREFIX_KEEP, NP, NC, NULL, &bm);
         REQUIRE(enc_blob(&bm, &d, 0, &mr, &ml, &recs) == 0);
+        { /* the direct route's read (any device): each record verified where it lies in the map is the
+           * record that was stored, byte for byte */
+            kvz_load_reader rd;
+            REQUIRE(kvz_load_reader_begin(&rd, st, 0) == 0);
+            const size_t rbq = kvz_kv_row_bytes(KVZ_KV_Q8, (size_t)hd);
+            bm.counts = d.counts; /* q8-copy's counts (enc_blob gives its copy back) */
+            int same = 0;
+            for (int l = 0; l < L; l++) {
+                const uint8_t *rec = NULL;
+                const kvz_load_at at = kvz_load_place(0, kvz_blob_layer_kept(&bm, (uint32_t)l), rbq);
+                const int rc = kvz_load_record_mapped(&rd, &bm, h1, (uint32_t)l, at, &rec);
+                CHECKF(rc == 0 && rec, "%s layer %d in the map: %s", dev, l, kvz_error_detail());
+                same += rc == 0 && rec && at.len == recs[l].len && !memcmp(rec, recs[l].data, at.len);
+            }
+            printf("  %s q8 records verified in the map: %d of %d equal the stored bytes\n", dev, same, L);
+            CHECK(same == L && rd.pf.records_direct == (uint64_t)L);
+            kvz_load_reader_end(&rd);
+            bm.counts = NULL;
+        }
         uint32_t kept1 = 0;
         for (int h = 0; h < H; h++) kept1 += d.counts[H + h];
         uint8_t *r1 = (uint8_t *)recs[1].data;
@@ -602,11 +631,11 @@ static int run(int device)
         memset(&info, 0, sizeof info);
         kvz_store_rec mrec = {mr, ml};
         CHECK(kvz_store_put_doc(st, "q8-badscale", h2, &info, &mrec, recs, (uint32_t)L, NULL) == 0);
-        for (int mo2 = 0; mo2 < 2; mo2++) {
-            kvz_load_opts lo = {.threads = 2, .map_only = mo2};
+        for (int mo2 = 0; mo2 < nroute; mo2++) {
+            kvz_load_opts lo = {.threads = 2, .map_only = mo2 == 1, .no_direct = mo2 == 2, .direct_min = 1};
             kv = NULL;
             int rc = kvz_load_doc(m, st, "q8-badscale", 0, 0, &lo, &kv, &dm);
-            printf("  %s q8 bad scale (%s route): %s (%s)\n", dev, mo2 ? "map" : "copy", kvz_strerror(rc),
+            printf("  %s q8 bad scale (%s route): %s (%s)\n", dev, route_name[mo2], kvz_strerror(rc),
                    kvz_error_detail());
             CHECK(rc == KVZ_ERR_FORMAT && kv == NULL && strstr(kvz_error_detail(), "layer 1 K row 0: bad q8 scale"));
         }
@@ -647,13 +676,26 @@ static int run(int device)
         for (int w = 0; w < 2; w++) {
             const int nf = flip_in_store(dir, frec[w]->data, frec[w]->len, 0x10);
             CHECKF(nf >= 1, "%s: layer 0 record of %s not found in data.mdb", dev, fid[w]);
-            for (int mo2 = 0; mo2 < 2 && nf; mo2++) {
-                kvz_load_opts lo = {.threads = 2, .map_only = mo2};
+            for (int mo2 = 0; mo2 < nroute && nf; mo2++) {
+                kvz_load_opts lo = {.threads = 2, .map_only = mo2 == 1, .no_direct = mo2 == 2, .direct_min = 1};
                 kv = NULL;
                 int rc = kvz_load_doc(m, st, fid[w], 0, 0, &lo, &kv, &dm);
                 printf("  %s %s: byte flipped in data.mdb (%d copies; %s route): %s (%s)\n", dev, fid[w], nf,
-                       mo2 ? "map" : "copy", kvz_strerror(rc), kvz_error_detail());
+                       route_name[mo2], kvz_strerror(rc), kvz_error_detail());
                 CHECK(rc == KVZ_ERR_CHECKSUM && kv == NULL && strstr(kvz_error_detail(), "layer record 0"));
+            }
+            if (w == 0 && nf) { /* the direct route's read refuses it too */
+                kvz_load_reader rd;
+                REQUIRE(kvz_load_reader_begin(&rd, st, 0) == 0);
+                kvz_blob_meta fm; /* q8-copy's meta: its counts are d's */
+                meta_of(m, KVZ_KV_Q8, KVZ_PREFIX_KEEP, NP, NC, d.counts, &fm);
+                const uint8_t *rec = NULL;
+                const kvz_load_at at = kvz_load_place(0, kvz_blob_layer_kept(&fm, 0),
+                                                      kvz_kv_row_bytes(KVZ_KV_Q8, (size_t)hd));
+                int rc = kvz_load_record_mapped(&rd, &fm, h1, 0, at, &rec);
+                printf("  %s q8-copy: byte flipped, read in the map: %s (%s)\n", dev, kvz_strerror(rc), kvz_error_detail());
+                CHECK(rc == KVZ_ERR_CHECKSUM && rec == NULL);
+                kvz_load_reader_end(&rd);
             }
         }
         free_recs(zrecs, zm, L);
