@@ -254,19 +254,30 @@ static void upload_loop(load_job *j)
         j->prof.ready_wait_s += tu - tw; /* this thread only */
         if (stop || rc) break;
         const kvz_load_at da = doc_at(j, l);
-        int row0 = 0;
-        if (j->pm) { /* the shared prefix first (rows 0..n_prefix-1 of every head); one copy of the slot */
+        const uint32_t *cnt = bm->counts + (size_t)l * bm->n_kv_head;
+        if (j->src && j->src[l]) { /* straight from the registered map (the record starts at da.x); the shared
+                                    * prefix, if any, from its part of the slot first */
+            int32_t r0 = 0;
+            if (j->pm) {
+                const kvz_load_at pa = pre_at(j, l);
+                rc = kvz_cuda_load_layer_src(j->kv, (int32_t)l, slot, (uint8_t *)j->slots[slot] + pa.x, pa.len,
+                                             j->pm->dtype, j->pm->counts + (size_t)l * bm->n_kv_head, 0,
+                                             pa.k - pa.x, pa.v - pa.x, pa.pos - pa.x);
+                r0 = (int32_t)j->pm->n_prefix;
+            }
+            if (!rc)
+                rc = kvz_cuda_load_layer_src(j->kv, (int32_t)l, slot, j->src[l], da.len, bm->dtype, cnt, r0,
+                                             da.k - da.x, da.v - da.x, da.pos - da.x);
+        } else if (j->pm) { /* the shared prefix first (rows 0..n_prefix-1 of every head); one copy of the slot */
             const kvz_load_at pa = pre_at(j, l);
             rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, j->pm->dtype, j->pm->counts + (size_t)l * bm->n_kv_head,
                                      0, pa.k, pa.v, pa.pos, layer_bytes(j, l));
-            row0 = (int)j->pm->n_prefix;
+            if (!rc)
+                rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, bm->dtype, cnt, (int32_t)j->pm->n_prefix, da.k, da.v,
+                                         da.pos, 0);
+        } else {
+            rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, bm->dtype, cnt, 0, da.k, da.v, da.pos, layer_bytes(j, l));
         }
-        if (!rc && j->src && j->src[l]) /* straight from the registered map; the record starts at da.x */
-            rc = kvz_cuda_load_layer_src(j->kv, (int32_t)l, slot, j->src[l], da.len, bm->dtype,
-                                         bm->counts + (size_t)l * bm->n_kv_head, da.k - da.x, da.v - da.x, da.pos - da.x);
-        else if (!rc)
-            rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, bm->dtype, bm->counts + (size_t)l * bm->n_kv_head,
-                                     row0, da.k, da.v, da.pos, j->pm ? 0 : layer_bytes(j, l));
         if (!rc && prev >= 0) rc = release_slot(j, prev);
         prev = slot;
         j->prof.upload_s += kvz_now() - tu;
@@ -399,7 +410,7 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     j.kv = kv;
 #ifdef KVZ_HAVE_CUDA
     if (j.gpu) {
-        j.direct = !j.pm && !j.map_only && !(o && o->no_direct);
+        j.direct = !j.map_only && !(o && o->no_direct);
         j.direct_min = o && o->direct_min ? o->direct_min : (size_t)64 << 10;
         if (j.direct) {
             j.src = calloc(bm.n_layer, sizeof *j.src);

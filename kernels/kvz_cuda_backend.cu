@@ -1471,27 +1471,28 @@ extern "C" int kvz_cuda_load_layer(kvz_kv *kv, int32_t layer, int slot, int dtyp
 }
 
 extern "C" int kvz_cuda_load_layer_src(kvz_kv *kv, int32_t layer, int slot, const void *src, size_t bytes, int dtype,
-                                       const uint32_t *counts, size_t k_off, size_t v_off, size_t pos_off)
+                                       const uint32_t *counts, int32_t row0, size_t k_off, size_t v_off,
+                                       size_t pos_off)
 {
     kvz_cuda_cache *cc = kv->cuda;
     kvz_cuda_model *g = kv->m->cuda;
     const size_t shift = (16 - k_off % 16) % 16; /* the kernel reads f16/bf16/f32 rows 16 bytes at a time */
     if (!cc || !g || !src || slot < 0 || slot >= g->ld_n || bytes + shift > g->ld_bytes || layer < 0 ||
-        layer >= kv->n_layer || kv->n_kv_head > 64)
+        layer >= kv->n_layer || kv->n_kv_head > 64 || row0 < 0)
         return kvz_error_set(KVZ_ERR_ARG, "load_layer_src: bad arguments");
     int32_t rows[64];
     for (int32_t h = 0; h < kv->n_kv_head; h++) {
-        if ((int64_t)counts[h] > kv->cap)
+        if ((int64_t)counts[h] + row0 > kv->cap)
             return kvz_error_set(KVZ_ERR_CONTEXT, "layer %d head %d: %lld rows exceed the cache capacity %lld",
-                                 layer, h, (long long)counts[h], (long long)kv->cap);
+                                 layer, h, (long long)counts[h] + row0, (long long)kv->cap);
         rows[h] = (int32_t)counts[h];
     }
     const cudaStream_t s = g->s;
     char *d = (char *)g->ld_d[slot] + shift;
     KVZ_CUDA_TRY(cudaMemcpyAsync(d, src, bytes, cudaMemcpyHostToDevice, s));
-    TRY(kvz_cuda_kv_load(s, &cc->L[layer], dtype, rows, 0, d + k_off, d + v_off, (const uint32_t *)(d + pos_off)));
+    TRY(kvz_cuda_kv_load(s, &cc->L[layer], dtype, rows, row0, d + k_off, d + v_off, (const uint32_t *)(d + pos_off)));
     KVZ_CUDA_TRY(cudaEventRecord(g->ld_ev[slot], s));
-    for (int32_t h = 0; h < kv->n_kv_head; h++) kv->len[(size_t)layer * kv->n_kv_head + h] = rows[h];
+    for (int32_t h = 0; h < kv->n_kv_head; h++) kv->len[(size_t)layer * kv->n_kv_head + h] = row0 + rows[h];
     return 0;
 }
 

@@ -504,8 +504,10 @@ static int run(int device)
         memcpy(bm.prefix_ref, hp, 16);
         CHECKF(put_blob(st, ids, hs, &bm, &d, 2, &pm, hp) == 0, "%s put shared-%d: %s", dev, dt, kvz_error_detail());
         const int bf = device != KVZ_DEVICE_CPU;
-        for (int t = 1; t <= 3; t += 2) {
-            kvz_load_opts lo = {.threads = t};
+        for (int t = 1, nd = 0; t <= 3; nd = !nd, t += 2 * !nd) { /* CUDA: uploads from the map, then copied */
+            if (nd && !bf) continue;
+            kvz_load_profile pf;
+            kvz_load_opts lo = {.threads = t, .direct_min = 1, .no_direct = nd, .profile = &pf};
             const char *ids2[2] = {idk, ids};
             for (int w = 0; w < 2; w++) {
                 kvz_kv *kv;
@@ -514,8 +516,10 @@ static int run(int device)
                 CHECKF(rc == 0, "%s load %s: %s", dev, ids2[w], kvz_error_detail());
                 if (rc) continue;
                 long bad = diff_cache(kv, &d, L, H, hd, dt, bf);
-                printf("  %s %-9s %d thread(s): %ld mismatches, %llu rows, n_prefix %d\n", dev, ids2[w], t, bad,
-                       (unsigned long long)dm.rows, dm.n_prefix);
+                printf("  %s %-9s %d thread(s): %ld mismatches, %llu rows, n_prefix %d; records %llu straight from "
+                       "the map, %llu copied, %llu zstd\n", dev, ids2[w], t, bad, (unsigned long long)dm.rows,
+                       dm.n_prefix, (unsigned long long)pf.records_direct, (unsigned long long)pf.records_copied,
+                       (unsigned long long)pf.records_zstd);
                 CHECKF(bad == 0 && dm.n_prefix == NP && dm.n_ctx == NC, "%s %s: %ld mismatches", dev, ids2[w], bad);
                 kvz_kv_free(kv);
             }
