@@ -643,8 +643,10 @@ static double reprefill_first(kvz_model *m, const int32_t *pre, int32_t np, cons
 typedef struct store_row {
     int32_t T;
     const char *dt;
-    double ingest, old_load, load_cold, load, ft, reprefill, hit, hit_ft, load_map, load_copy;
+    double ingest, old_load, load_cold, load, ft, reprefill, hit, hit_ft, load_map, load_direct;
     kvz_load_profile prof; /* one more load, default route */
+    kvz_load_layer_time trace[128]; /* ... its per-layer timeline */
+    int n_trace;
     double stored_per_tok, kept_gb, kept_bf16_gb;
     int ok;
 } store_row;
@@ -730,18 +732,19 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
                 else if (rep == 1 || tl < r->load) r->load = tl;
                 if (rep < 2) kvz_kv_free(kv);
             }
-            { /* where the time goes (default route), the copy route (every record through pinned slots) and the
-               * route before it (through the map), interleaved with the default route */
+            { /* where the time goes (default route: copy), the direct route (codec-none records uploaded from
+               * the registered map) and the route before it (through the map), interleaved with the default */
                 kvz_kv *k2;
-                kvz_load_opts lo = {.profile = &r->prof};
+                kvz_load_opts lo = {.profile = &r->prof, .trace = r->trace};
                 API(kvz_load_doc(m, st, id, 0, 1024, &lo, &k2, &dm));
                 kvz_kv_free(k2);
-                kvz_load_opts lc = {.no_direct = 1};
+                r->n_trace = c->n_layer;
+                kvz_load_opts lc = {.direct = 1};
                 for (int rep = 0; rep < 2; rep++) {
                     t0 = sync_now();
                     API(kvz_load_doc(m, st, id, 0, 1024, &lc, &k2, &dm));
                     double tl = sync_now() - t0;
-                    if (rep == 0 || tl < r->load_copy) r->load_copy = tl;
+                    if (rep == 0 || tl < r->load_direct) r->load_direct = tl;
                     kvz_kv_free(k2);
                     t0 = sync_now();
                     API(kvz_load_doc(m, st, id, 0, 1024, NULL, &k2, &dm));
@@ -802,11 +805,23 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
         const store_row *r = &rows[i];
         const kvz_load_profile *p = &r->prof;
         printf("| %d | %s | %.4f | %.4f | %.4f | %llu / %llu / %llu / %llu | %.4f / %.4f / %.4f / %.4f / %.4f / %.4f | %.4f "
-               "| %.4f / %.4f / %.4f / %.4f | %.4f |\n", r->T, r->dt, r->load, r->load_copy, r->load_map,
+               "| %.4f / %.4f / %.4f / %.4f | %.4f |\n", r->T, r->dt, r->load, r->load_direct, r->load_map,
                (unsigned long long)p->records_direct, (unsigned long long)p->records_copied,
                (unsigned long long)p->records_zstd, (unsigned long long)p->records_mapped, p->copy_s, p->hash_s,
                p->check_s, p->zstd_s, p->map_s, p->register_s, p->slot_wait_s,
                p->ready_wait_s, p->upload_s, p->alloc_s, p->unregister_s, p->total_s);
+    }
+    /* the per-layer timeline of the profiled load, longest document of each dtype */
+    for (int i = 0; i < nr; i++) {
+        if ((i + 1 < nr && rows[i + 1].dt == rows[i].dt) || !rows[i].n_trace) continue;
+        const store_row *r = &rows[i];
+        printf("\nper-layer load timeline, %d tokens %s (ms from the start; route c copied / z zstd / d direct; "
+               "stored MB of raw MB):\n", r->T, r->dt);
+        for (int l = 0; l < r->n_trace && l < 128; l++) {
+            const kvz_load_layer_time *t = &r->trace[l];
+            printf("  L%02d %c %6.2f/%6.2f MB claim %6.2f ready %6.2f upload %6.2f\n", l, t->route, t->bytes / 1e6,
+                   t->raw / 1e6, t->claim_s * 1e3, t->ready_s * 1e3, t->upload_s * 1e3);
+        }
     }
     /* decode threads vs load time, longest document of each dtype */
     printf("\n| load threads (longest document) | stored | 1 | 2 | 4 | 8 | 12 | 16 | GB/s at best |\n|---|---|---|---|---|---|---|---|---|\n");

@@ -56,6 +56,8 @@ typedef struct load_job {
     const uint8_t **src; /* (n_layer, direct) the verified record in the registered map, else NULL */
     void **reg;         /* (n_layer, direct) its registration (kvz_cuda_host_unregister) */
     kvz_load_profile prof; /* summed over the workers (sy.mu) */
+    kvz_load_layer_time *trace; /* NULL or (n_layer) */
+    double t0;          /* the load's start (trace) */
 } load_job;
 
 /* slot layout of layer l: the document's record at 0, the shared prefix's after it */
@@ -124,6 +126,8 @@ static void *load_worker(void *arg)
         const int slot = j->gpu && !stop ? j->free_slot[--j->nfree] : -1;
         pthread_mutex_unlock(&j->sy.mu);
         if (stop) break;
+        const kvz_load_profile before = rd.pf;
+        if (j->trace) j->trace[l].claim_s = kvz_now() - j->t0;
         uint8_t *s = j->gpu ? j->slots[slot] : buf;
         const kvz_load_at da = doc_at(j, l);
         rc = KVZ_ERR_UNSUPPORTED;
@@ -183,6 +187,15 @@ static void *load_worker(void *arg)
         if (rc) {
             job_fail(j, rc, l);
             break;
+        }
+        if (j->trace) {
+            kvz_load_layer_time *tr = &j->trace[l];
+            tr->ready_s = kvz_now() - j->t0;
+            tr->bytes = rd.pf.bytes - before.bytes;
+            tr->raw = da.len + (j->pm ? pre_at(j, l).len : 0);
+            tr->route = rd.pf.records_direct > before.records_direct ? 'd'
+                      : rd.pf.records_zstd > before.records_zstd   ? 'z'
+                      : rd.pf.records_mapped > before.records_mapped ? 'm' : 'c';
         }
         pthread_mutex_lock(&j->sy.mu);
         if (j->gpu) j->slot_of[l] = (int8_t)slot;
@@ -278,6 +291,7 @@ static void upload_loop(load_job *j)
         } else {
             rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, bm->dtype, cnt, 0, da.k, da.v, da.pos, layer_bytes(j, l));
         }
+        if (j->trace) j->trace[l].upload_s = kvz_now() - j->t0;
         if (!rc && prev >= 0) rc = release_slot(j, prev);
         prev = slot;
         j->prof.upload_s += kvz_now() - tu;
@@ -387,6 +401,9 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     }
     j.m = m;
     j.st = st;
+    j.t0 = t0;
+    j.trace = o ? o->trace : NULL;
+    if (j.trace) memset(j.trace, 0, bm.n_layer * sizeof *j.trace);
     j.doc_id = doc_id;
     j.hash = meta->info.hash;
     j.bm = &bm;
@@ -410,7 +427,7 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     j.kv = kv;
 #ifdef KVZ_HAVE_CUDA
     if (j.gpu) {
-        j.direct = !j.map_only && !(o && o->no_direct);
+        j.direct = !j.map_only && o && o->direct;
         j.direct_min = o && o->direct_min ? o->direct_min : (size_t)64 << 10;
         if (j.direct) {
             j.src = calloc(bm.n_layer, sizeof *j.src);

@@ -19,8 +19,8 @@
  *     cache, so the order does not matter) while the workers go on, gives the slot
  *     back once the device has copied it, and one kernel per layer converts the
  *     stored rows (f32/f16/bf16/q8/q4, common/kvz_kvdtype.h) into the bf16 cache.
- *     The host never converts a value. A codec-none record of the document
- *     (q8/q4 usually; ≥ 64 KiB) skips the host copy: a worker checks it where it lies
+ *     The host never converts a value. With kvz_load_opts.direct, a codec-none
+ *     record of the document (≥ direct_min) skips the host copy: a worker checks it where it lies
  *     in the LMDB map (record checksum, rows, header, positions), registers its pages
  *     with the driver (cudaHostRegister, read-only) and the calling thread uploads it
  *     from there; the registrations end with the load (the direct route; the
@@ -65,16 +65,29 @@ typedef struct kvz_load_profile {
     uint64_t bytes;          /**< stored bytes of the records */
 } kvz_load_profile;
 
+/** One layer's timeline (kvz_load_opts.trace): seconds from the start of the load. */
+typedef struct kvz_load_layer_time {
+    double claim_s;    /**< a worker took the layer (and a staging slot) */
+    double ready_s;    /**< its records were read, verified and decoded */
+    double upload_s;   /**< the calling thread had queued its upload (GPU) */
+    uint64_t bytes;    /**< stored bytes of its records */
+    uint64_t raw;      /**< their codec-none bytes (bytes < raw: zstd saved the difference) */
+    int route;         /**< 'c' copied, 'z' zstd, 'd' direct, 'm' through the map (the document's record) */
+} kvz_load_layer_time;
+
 typedef struct kvz_load_opts {
     int threads; /**< decode workers; 0 = the online cores, at most 16 */
     kvz_load_profile *profile; /**< NULL, or filled (zeroed first) with where the time went */
     int map_only; /**< 1: read every record through the LMDB map, checked by the store
                        and decoded (the route before copy reads; for comparisons) */
-    int no_direct; /**< 1 (CUDA): never upload straight from the map; every record is
-                        copied into the pinned slots (the copy route, for comparisons) */
-    size_t direct_min; /**< CUDA: records shorter than this are copied, not uploaded from
-                            the map (0: 64 KiB; small records share LMDB pages and gain
-                            nothing; tests set 1) */
+    int direct; /**< 1 (CUDA): the direct route below for codec-none records of at least
+                     direct_min bytes. Off by default: measured on the H200 it is no faster
+                     than the copy route for one load (32K q8 0.054 vs 0.056 s) and slower
+                     for short documents (8K 0.020 vs 0.010 s), because registering pages
+                     costs about what copying them does (bench/RESULTS.md) */
+    kvz_load_layer_time *trace; /**< NULL, or one entry per layer, filled (benchmarks) */
+    size_t direct_min; /**< with direct: records shorter than this are copied (0: 64 KiB;
+                            small records share LMDB pages and gain nothing; tests set 1) */
 } kvz_load_opts;
 
 /** Workers used by @p o (resolves 0). */

@@ -507,7 +507,7 @@ static int run(int device)
         for (int t = 1, nd = 0; t <= 3; nd = !nd, t += 2 * !nd) { /* CUDA: uploads from the map, then copied */
             if (nd && !bf) continue;
             kvz_load_profile pf;
-            kvz_load_opts lo = {.threads = t, .direct_min = 1, .no_direct = nd, .profile = &pf};
+            kvz_load_opts lo = {.threads = t, .direct_min = 1, .direct = !nd, .profile = &pf};
             const char *ids2[2] = {idk, ids};
             for (int w = 0; w < 2; w++) {
                 kvz_kv *kv;
@@ -573,12 +573,12 @@ static int run(int device)
         const uint8_t h1[16] = {5, 1, (uint8_t)device}, h2[16] = {5, 2, (uint8_t)device};
         CHECK(put_blob(st, "q8-copy", h1, &bm, &d, 0, NULL, NULL) == 0);
         kvz_load_profile pf;
-        /* routes: 0 default (CUDA: direct from the registered map for every record: direct_min 1),
-         * 1 through the map, 2 (CUDA) the copy route (no_direct) */
+        /* routes: 0 direct (CUDA: from the registered map for every record: direct_min 1; the CPU
+         * copies), 1 through the map, 2 (CUDA) the copy route (the default) */
         const int nroute = device == KVZ_DEVICE_CPU ? 2 : 3;
-        static const char *route_name[3] = {"default", "map", "copy"};
+        static const char *route_name[3] = {"direct", "map", "copy"};
         for (int mo2 = 0; mo2 < nroute; mo2++) {
-            kvz_load_opts lo = {.threads = 2, .profile = &pf, .map_only = mo2 == 1, .no_direct = mo2 == 2,
+            kvz_load_opts lo = {.threads = 2, .profile = &pf, .map_only = mo2 == 1, .direct = mo2 == 0,
                                 .direct_min = 1};
             int rc = kvz_load_doc(m, st, "q8-copy", 0, 0, &lo, &kv, &dm);
             CHECKF(rc == 0, "%s q8-copy: %s", dev, kvz_error_detail());
@@ -636,7 +636,7 @@ static int run(int device)
         kvz_store_rec mrec = {mr, ml};
         CHECK(kvz_store_put_doc(st, "q8-badscale", h2, &info, &mrec, recs, (uint32_t)L, NULL) == 0);
         for (int mo2 = 0; mo2 < nroute; mo2++) {
-            kvz_load_opts lo = {.threads = 2, .map_only = mo2 == 1, .no_direct = mo2 == 2, .direct_min = 1};
+            kvz_load_opts lo = {.threads = 2, .map_only = mo2 == 1, .direct = mo2 == 0, .direct_min = 1};
             kv = NULL;
             int rc = kvz_load_doc(m, st, "q8-badscale", 0, 0, &lo, &kv, &dm);
             printf("  %s q8 bad scale (%s route): %s (%s)\n", dev, route_name[mo2], kvz_strerror(rc),
@@ -681,7 +681,7 @@ static int run(int device)
             const int nf = flip_in_store(dir, frec[w]->data, frec[w]->len, 0x10);
             CHECKF(nf >= 1, "%s: layer 0 record of %s not found in data.mdb", dev, fid[w]);
             for (int mo2 = 0; mo2 < nroute && nf; mo2++) {
-                kvz_load_opts lo = {.threads = 2, .map_only = mo2 == 1, .no_direct = mo2 == 2, .direct_min = 1};
+                kvz_load_opts lo = {.threads = 2, .map_only = mo2 == 1, .direct = mo2 == 0, .direct_min = 1};
                 kv = NULL;
                 int rc = kvz_load_doc(m, st, fid[w], 0, 0, &lo, &kv, &dm);
                 printf("  %s %s: byte flipped in data.mdb (%d copies; %s route): %s (%s)\n", dev, fid[w], nf,
