@@ -797,7 +797,7 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
                r->reprefill, r->hit, r->hit_ft, (r->hit + r->hit_ft) / r->reprefill, r->kept_gb,
                r->kept_gb / r->load, r->kept_bf16_gb / r->load, 100 * r->kept_gb / r->load / (h2d / 1e9));
     }
-    printf("\n| tokens | stored | load s | copy route s (no direct upload) | load s through the map (the route before) | "
+    printf("\n| tokens | stored | load s | direct route s (uploads from the registered map) | load s through the map (the route before) | "
            "records direct / copied / zstd / mapped | worker s: copy (pread) / hash + row check / header check / zstd / "
            "map route / register | slot wait s | upload thread s: wait for layers / H2D + kernel / alloc / unregister | "
            "total s |\n|---|---|---|---|---|---|---|---|---|---|\n");
