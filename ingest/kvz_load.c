@@ -53,8 +53,8 @@ typedef struct load_job {
     int nfree;
     int8_t *slot_of;    /* (n_layer) the slot layer l was decoded into */
     uint8_t *ready;     /* (n_layer) decoded */
-    const uint8_t **src; /* (n_layer, direct) the verified record in the registered map, else NULL */
-    void **reg;         /* (n_layer, direct) its registration (kvz_cuda_host_unregister) */
+    const uint8_t **src; /* (n_layer, direct) the verified record in the pinned map, else NULL */
+    kvz_store_pinner pinner; /* (direct) the driver pins the map's pages for the store's life */
     kvz_load_profile prof; /* summed over the workers (sy.mu) */
     kvz_load_layer_time *trace; /* NULL or (n_layer) */
     double t0;          /* the load's start (trace) */
@@ -132,19 +132,17 @@ static void *load_worker(void *arg)
         const kvz_load_at da = doc_at(j, l);
         rc = KVZ_ERR_UNSUPPORTED;
 #ifdef KVZ_HAVE_CUDA
-        if (j->direct && da.len >= j->direct_min) { /* verified in the map, then registered: no host copy */
+        if (j->direct && da.len >= j->direct_min) { /* pinned, then verified in the map: no host copy */
             const uint8_t *rec;
             rc = kvz_load_record_mapped(&rd, bm, j->hash, l, da, &rec);
             if (!rc) {
                 const double t0 = kvz_now();
-                void *base;
-                if (kvz_cuda_host_register(rec, da.len, &base)) {
-                    rc = KVZ_ERR_UNSUPPORTED; /* e.g. the driver cannot pin these pages: copy instead */
+                if (kvz_store_pin(rd.r, rec, da.len, &j->pinner)) {
+                    rc = KVZ_ERR_UNSUPPORTED; /* over the budget, or the driver cannot pin: copy instead */
                     rd.pf.records_direct--;
                     rd.pf.bytes -= da.len;
                 } else {
                     j->src[l] = rec;
-                    j->reg[l] = base;
                 }
                 pf->register_s += kvz_now() - t0;
             }
@@ -431,11 +429,15 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
         j.direct_min = o && o->direct_min ? o->direct_min : (size_t)64 << 10;
         if (j.direct) {
             j.src = calloc(bm.n_layer, sizeof *j.src);
-            j.reg = calloc(bm.n_layer, sizeof *j.reg);
-            if (!j.src || !j.reg) {
+            if (!j.src) {
                 rc = KVZ_ERR_NOMEM;
                 goto out;
             }
+            const long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+            j.pinner.pin = kvz_cuda_host_register;
+            j.pinner.unpin = kvz_cuda_host_unregister;
+            j.pinner.budget = o->direct_budget ? o->direct_budget
+                              : pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 4 : (uint64_t)1 << 30;
         }
         j.nslot = kvz_load_plan_slots(&want, bm.n_layer, KVZ_CUDA_LOAD_MAX_SLOTS);
         /* + 16: a direct record is shifted so that its K rows land 16-byte aligned */
@@ -462,11 +464,6 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     kvz_load_join(th, nth);
 #ifdef KVZ_HAVE_CUDA
     if (j.gpu && j.sy.err) kvz_cuda_load_finish(m); /* nothing in flight reads the slots after this */
-    if (j.reg) { /* the upload loop ended with kvz_cuda_load_finish (or the line above): nothing reads them */
-        const double tu = kvz_now();
-        for (uint32_t l = 0; l < bm.n_layer; l++) kvz_cuda_host_unregister(j.reg[l]);
-        j.prof.unregister_s += kvz_now() - tu;
-    }
 #endif
     kvz_load_sync_destroy(&j.sy);
     if (j.sy.err) rc = kvz_error_set(j.sy.err, "%s", j.sy.detail);
@@ -475,7 +472,6 @@ out:
     free(j.ready);
     free(j.slot_of);
     free(j.src);
-    free(j.reg);
     kvz_blob_meta_free(&bm);
     kvz_blob_meta_free(&pm);
     if (rc) {

@@ -20,12 +20,13 @@
  *     back once the device has copied it, and one kernel per layer converts the
  *     stored rows (f32/f16/bf16/q8/q4, common/kvz_kvdtype.h) into the bf16 cache.
  *     The host never converts a value. With kvz_load_opts.direct, a codec-none
- *     record of the document (≥ direct_min) skips the host copy: a worker checks it where it lies
- *     in the LMDB map (record checksum, rows, header, positions), registers its pages
- *     with the driver (cudaHostRegister, read-only) and the calling thread uploads it
- *     from there; the registrations end with the load (the direct route; the
+ *     record of the document (≥ direct_min) skips the host copy: a worker checks it
+ *     where it lies in the LMDB map (record checksum, rows, header, positions), has
+ *     the store pin its region of the map with the driver (kvz_store_pin:
+ *     cudaHostRegister, read-only, 64 MiB pieces kept until the store closes or its
+ *     map moves) and the calling thread uploads it from there (the direct route; the
  *     calling thread's read transaction, older than the workers', keeps writers off
- *     those pages until then).
+ *     those pages until the upload is done).
  * Errors are those of kvz_doc_load(); the first failing layer's error wins and
  * nothing is returned (no partial cache).
  * Thread safety: the model is used by the calling thread only (as kvz_forward);
@@ -60,8 +61,7 @@ typedef struct kvz_load_profile {
     uint64_t records_zstd;   /**< zstd records read with pread() into scratch (one hash pass) */
     uint64_t records_mapped; /**< records read through the map */
     uint64_t records_direct; /**< GPU: codec-none records uploaded straight from the registered map */
-    double register_s;       /**< workers: registering map ranges with the CUDA driver (direct route) */
-    double unregister_s;     /**< calling thread: unregistering them after the load */
+    double register_s;       /**< workers: pinning map regions with the CUDA driver (direct route; first use) */
     uint64_t bytes;          /**< stored bytes of the records */
 } kvz_load_profile;
 
@@ -81,13 +81,14 @@ typedef struct kvz_load_opts {
     int map_only; /**< 1: read every record through the LMDB map, checked by the store
                        and decoded (the route before copy reads; for comparisons) */
     int direct; /**< 1 (CUDA): the direct route below for codec-none records of at least
-                     direct_min bytes. Off by default: measured on the H200 it is no faster
-                     than the copy route for one load (32K q8 0.054 vs 0.056 s) and slower
-                     for short documents (8K 0.020 vs 0.010 s), because registering pages
-                     costs about what copying them does (bench/RESULTS.md) */
-    kvz_load_layer_time *trace; /**< NULL, or one entry per layer, filled (benchmarks) */
+                     direct_min bytes, for a process that loads many documents from one open
+                     store (the server): pinning the map's pages costs about what copying
+                     them does, so it pays from the second load of a region on */
     size_t direct_min; /**< with direct: records shorter than this are copied (0: 64 KiB;
                             small records share LMDB pages and gain nothing; tests set 1) */
+    uint64_t direct_budget; /**< with direct: most bytes of the store's map pinned at once
+                                 (0: a quarter of the physical memory); past it, copied */
+    kvz_load_layer_time *trace; /**< NULL, or one entry per layer, filled (benchmarks) */
 } kvz_load_opts;
 
 /** Workers used by @p o (resolves 0). */

@@ -45,6 +45,16 @@ struct kvz_store {
     int map_known;
     uintptr_t map_lo, map_hi;
     uint64_t map_off;
+    /* kvz_store_pin: per PIN_CHUNK of the map, how far from its start it is pinned
+     * (pin_end[c] = 0: not at all), the handles to unpin, under map_mu; all released
+     * before the map may move (resize, under the exclusive lock) and at close */
+    kvz_store_pinner pinner;
+    uintptr_t pin_base;     /* the map's address when the pins were made */
+    uintptr_t *pin_end;
+    size_t n_pin_chunk;
+    void **pin_h;
+    size_t n_pin_h, cap_pin_h;
+    uint64_t pinned;
 };
 
 struct kvz_store_read {
@@ -348,11 +358,24 @@ static int lock_exclusive(kvz_store *s)
     return 0;
 }
 
+/* Undo every kvz_store_pin (the caller holds the exclusive lock, or closes). */
+static void unpin_all(kvz_store *s)
+{
+    for (size_t i = 0; i < s->n_pin_h; i++) s->pinner.unpin(s->pin_h[i]);
+    free(s->pin_h);
+    free(s->pin_end);
+    s->pin_h = NULL;
+    s->pin_end = NULL;
+    s->n_pin_h = s->cap_pin_h = s->n_pin_chunk = 0;
+    s->pinned = 0;
+}
+
 /* Another process grew the map: adopt its size. */
 static int adopt_mapsize(kvz_store *s)
 {
     int err = lock_exclusive(s);
     if (err) return err;
+    unpin_all(s); /* the map may move */
     int rc = mdb_env_set_mapsize(s->env, 0);
     s->map_known = 0; /* the map may have moved */
     pthread_rwlock_unlock(&s->lock);
@@ -375,6 +398,7 @@ static int grow_map(kvz_store *s, uint64_t need)
     uint64_t want = cur * 2 > cur + 2 * need ? cur * 2 : cur + 2 * need;
     want = (want + 4095) & ~4095ull;
     if (want > s->max_map) want = s->max_map;
+    unpin_all(s); /* the map may move */
     int rc = mdb_env_set_mapsize(s->env, (size_t)want);
     s->map_known = 0; /* the map may have moved */
     pthread_rwlock_unlock(&s->lock);
@@ -732,6 +756,7 @@ fail:
 void kvz_store_close(kvz_store *s)
 {
     if (!s) return;
+    unpin_all(s);
     mdb_env_close(s->env);
     pthread_rwlock_destroy(&s->lock);
     pthread_mutex_destroy(&s->map_mu);
@@ -2816,6 +2841,82 @@ int kvz_store_map_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, s
     }
     if (c.rc) *rec = NULL;
     return c.rc;
+}
+
+#define PIN_CHUNK ((uintptr_t)64 << 20) /* pins are whole 64 MiB pieces of the map (the file's end cuts the last) */
+
+int kvz_store_pin(kvz_store_read *r, const void *p, size_t n, const kvz_store_pinner *pinner)
+{
+    if (!r || !p || !n || !pinner || !pinner->pin || !pinner->unpin)
+        return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    kvz_store *s = r->s;
+    int fd;
+    struct stat st;
+    uint64_t off;
+    if (map_offset(s, p, n, &off) || mdb_env_get_fd(s->env, &fd) || fstat(fd, &st))
+        return kvz_error_set(KVZ_ERR_UNSUPPORTED, "kvz_store: the map of data.mdb is not found in /proc/self/maps");
+    const uintptr_t a = (uintptr_t)p, b = a + n, base = a - (uintptr_t)off; /* the map of file byte 0 */
+    const long pg = sysconf(_SC_PAGESIZE);
+    const uintptr_t ps = pg > 0 ? (uintptr_t)pg : 4096;
+    const uintptr_t fend = base + ((uintptr_t)st.st_size & ~(ps - 1)); /* LMDB writes whole pages */
+    if (a < base || b > fend) return kvz_error_set(KVZ_ERR_UNSUPPORTED, "kvz_store: the range is not in the data file");
+    int err = 0;
+    pthread_mutex_lock(&s->map_mu);
+    if (s->n_pin_h && (s->pin_base != base || s->pinner.pin != pinner->pin || s->pinner.unpin != pinner->unpin))
+        err = kvz_error_set(KVZ_ERR_UNSUPPORTED, "kvz_store: the map is pinned by another pinner");
+    const size_t c1 = (size_t)((b - 1 - base) / PIN_CHUNK);
+    if (!err && c1 >= s->n_pin_chunk) { /* room for the chunks up to the file's end */
+        const size_t want = (size_t)((fend - 1 - base) / PIN_CHUNK) + 1;
+        uintptr_t *e = realloc(s->pin_end, want * sizeof *e);
+        if (!e) err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: pin table");
+        else {
+            memset(e + s->n_pin_chunk, 0, (want - s->n_pin_chunk) * sizeof *e);
+            s->pin_end = e;
+            s->n_pin_chunk = want;
+        }
+    }
+    if (!err && !s->n_pin_h) {
+        s->pinner = *pinner;
+        s->pin_base = base;
+    }
+    for (size_t c = (size_t)((a - base) / PIN_CHUNK); !err && c <= c1; c++) {
+        const uintptr_t lo = base + c * PIN_CHUNK;
+        const uintptr_t hi = lo + PIN_CHUNK < fend ? lo + PIN_CHUNK : fend;
+        const uintptr_t need = b < hi ? b : hi;
+        const uintptr_t from = s->pin_end[c] ? s->pin_end[c] : lo;
+        if (from >= need) continue; /* pinned already */
+        if (s->pinned + (hi - from) > pinner->budget) {
+            err = kvz_error_set(KVZ_ERR_FULL, "kvz_store: pinning %llu more bytes of the map would pass the budget of "
+                                "%llu", (unsigned long long)(hi - from), (unsigned long long)pinner->budget);
+            break;
+        }
+        if (s->n_pin_h == s->cap_pin_h) {
+            const size_t cap = s->cap_pin_h ? 2 * s->cap_pin_h : 64;
+            void **h = realloc(s->pin_h, cap * sizeof *h);
+            if (!h) {
+                err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: pin table");
+                break;
+            }
+            s->pin_h = h;
+            s->cap_pin_h = cap;
+        }
+        void *h = NULL;
+        if ((err = pinner->pin((const void *)from, hi - from, &h))) break;
+        s->pin_h[s->n_pin_h++] = h;
+        s->pin_end[c] = hi;
+        s->pinned += hi - from;
+    }
+    pthread_mutex_unlock(&s->map_mu);
+    return err;
+}
+
+uint64_t kvz_store_pinned_bytes(kvz_store *s)
+{
+    if (!s) return 0;
+    pthread_mutex_lock(&s->map_mu);
+    const uint64_t n = s->pinned;
+    pthread_mutex_unlock(&s->map_mu);
+    return n;
 }
 
 int kvz_store_copy_prefix(kvz_store_read *r, const uint8_t hash[16], uint32_t l, void *dst, size_t cap,

@@ -301,6 +301,31 @@ int kvz_store_copy_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, 
 int kvz_store_map_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, size_t cap, const uint8_t **rec,
                         size_t *len, kvz_store_piece_fn piece, void *user);
 
+/** Who pins pages of the map for kvz_store_pin() (the CUDA loader: cudaHostRegister),
+ *  with no dependency of the store on that library. */
+typedef struct kvz_store_pinner {
+    int (*pin)(const void *p, size_t n, void **handle); /**< 0, or a KVZ_ERR_* */
+    void (*unpin)(void *handle);
+    uint64_t budget; /**< most bytes of the map pinned at once */
+} kvz_store_pinner;
+
+/**
+ * Keep [@p p, @p p + @p n) — bytes of the map read in transaction @p r (e.g. a record
+ * from kvz_store_map_layer) — pinned by @p pinner until the store closes: whole
+ * 64 MiB pieces of the map are pinned the first time a record in them is (the
+ * data file's end cuts the last piece; a piece the file has grown past is pinned
+ * on), so later reads of the same region pay nothing. Every pin is undone before
+ * the map may move (a resize of this process, or adopting another's) and by
+ * kvz_store_close(). The first pinner stays the store's. Thread-safe.
+ * @return 0; KVZ_ERR_FULL (the budget would be passed: nothing more is pinned);
+ *   KVZ_ERR_UNSUPPORTED (the range is not in the data file, or another pinner);
+ *   what pin() returned; KVZ_ERR_NOMEM.
+ */
+int kvz_store_pin(kvz_store_read *r, const void *p, size_t n, const kvz_store_pinner *pinner);
+
+/** Bytes of the map kvz_store_pin() holds pinned now. */
+uint64_t kvz_store_pinned_bytes(kvz_store *s);
+
 /** kvz_store_copy_layer() for record @p l of the shared prefix blob @p hash
  *  (kvz_store_read_prefix()'s records). Same results; KVZ_ERR_NOTFOUND when the
  *  store has no such record. */

@@ -44,6 +44,25 @@
 #define NP 5   /* system-prefix tokens */
 #define NC 60  /* context tokens */
 
+/* a pinner that records what it is asked (kvz_store_pin's bookkeeping, on any device) */
+typedef struct { uintptr_t lo, hi; int live; } pin_rec;
+static pin_rec g_pins[256];
+static int g_npin;
+static int rec_pin(const void *p, size_t n, void **h)
+{
+    if (g_npin >= 256) return KVZ_ERR_NOMEM;
+    g_pins[g_npin] = (pin_rec){(uintptr_t)p, (uintptr_t)p + n, 1};
+    *h = &g_pins[g_npin++];
+    return 0;
+}
+static void rec_unpin(void *h) { ((pin_rec *)h)->live = 0; }
+static int pins_live(void)
+{
+    int n = 0;
+    for (int i = 0; i < g_npin; i++) n += g_pins[i].live;
+    return n;
+}
+
 static uint64_t g_rng = 0x243f6a8885a308d3ull;
 static double rnd(void)
 {
@@ -617,6 +636,38 @@ static int run(int device)
             }
             printf("  %s q8 records verified in the map: %d of %d equal the stored bytes\n", dev, same, L);
             CHECK(same == L && rd.pf.records_direct == (uint64_t)L);
+            if (device == KVZ_DEVICE_CPU) { /* kvz_store_pin's bookkeeping with a recording pinner */
+                kvz_store_pinner pn = {rec_pin, rec_unpin, (uint64_t)1 << 40};
+                int ok = 1;
+                for (int l = 0; l < L; l++) {
+                    const uint8_t *rec = NULL;
+                    size_t len = 0;
+                    const kvz_load_at at = kvz_load_place(0, kvz_blob_layer_kept(&bm, (uint32_t)l), rbq);
+                    ok &= kvz_store_map_layer(rd.r, h1, (uint32_t)l, at.len, &rec, &len, NULL, NULL) == KVZ_ERR_ARG;
+                    const int g0 = g_npin;
+                    ok &= kvz_load_record_mapped(&rd, &bm, h1, (uint32_t)l, at, &rec) == 0;
+                    const int prc = kvz_store_pin(rd.r, rec, at.len, &pn);
+                    CHECKF(prc == 0, "kvz_store_pin: %s", kvz_error_detail());
+                    ok &= prc == 0;
+                    ok &= kvz_store_pin(rd.r, rec, at.len, &pn) == 0 && (l > 0 || g_npin > g0); /* again: no new pin */
+                    int covered = 0; /* the record lies in one pinned range, or across adjacent ones */
+                    for (int i = 0; i < g_npin; i++)
+                        covered |= g_pins[i].live && g_pins[i].lo <= (uintptr_t)rec && (uintptr_t)rec + at.len <= g_pins[i].hi;
+                    ok &= covered || g_npin > 1;
+                }
+                const int n1 = g_npin;
+                uint64_t sum = 0;
+                for (int i = 0; i < g_npin; i++) {
+                    sum += g_pins[i].hi - g_pins[i].lo;
+                    for (int k2 = 0; k2 < i; k2++) /* never overlapping */
+                        ok &= g_pins[i].hi <= g_pins[k2].lo || g_pins[k2].hi <= g_pins[i].lo;
+                    ok &= (g_pins[i].lo & 4095) == 0 && (g_pins[i].hi & 4095) == 0;
+                }
+                ok &= sum == kvz_store_pinned_bytes(st) && n1 >= 1;
+                printf("  %s kvz_store_pin: %d pinned range(s), %llu bytes, every record inside: %s\n", dev, n1,
+                       (unsigned long long)sum, ok ? "yes" : "NO");
+                CHECK(ok);
+            }
             kvz_load_reader_end(&rd);
             bm.counts = NULL;
         }
@@ -745,7 +796,12 @@ static int run(int device)
     CHECK(cs.entries == 0 && cs.evictions == 1);
     kvz_doc_cache_free(dc);
 
+    const int live = pins_live();
     kvz_store_close(st);
+    if (device == KVZ_DEVICE_CPU) { /* every pin of the recording pinner is undone by the close (or a resize) */
+        printf("  %s pins live before close: %d, after: %d\n", dev, live, pins_live());
+        CHECK(g_npin >= 1 && pins_live() == 0);
+    }
     kvz_model_free(m);
     char cmd[96];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
