@@ -34,6 +34,7 @@
 
 #include "kvz_compose.h"
 #include "kvz_cuda.h"
+#include "kvz_cuda_loader.h"
 #include "kvz_doc_cache.h"
 #include "kvz_error.h"
 #include "kvz_ingest.h"
@@ -640,6 +641,31 @@ static double reprefill_first(kvz_model *m, const int32_t *pre, int32_t np, cons
     return t;
 }
 
+/* Layers of two device caches differing (rows exported as bf16, compared bit for bit),
+ * -1 when they cannot be read. */
+static int caches_differ(const kvz_kv *a, const kvz_kv *b, const kvz_config *c)
+{
+    int bad = 0;
+    for (int32_t l = 0; l < c->n_layer; l++) {
+        int64_t n = 0;
+        for (int32_t h = 0; h < c->n_kv_head; h++) {
+            if (kvz_kv_len(a, l, h) != kvz_kv_len(b, l, h)) return l + 1;
+            n += kvz_kv_len(a, l, h);
+        }
+        const size_t rb = (size_t)c->head_dim * 2;
+        uint8_t *ka = malloc(n * rb + 1), *va = malloc(n * rb + 1), *kb = malloc(n * rb + 1), *vb = malloc(n * rb + 1);
+        uint32_t *pa = malloc(n * 4 + 4), *pb = malloc(n * 4 + 4);
+        int rc = !ka || !va || !kb || !vb || !pa || !pb;
+        if (!rc) rc = kvz_cuda_kv_export_layer_to(a, l, KVZ_KV_BF16, ka, va, pa);
+        if (!rc) rc = kvz_cuda_kv_export_layer_to(b, l, KVZ_KV_BF16, kb, vb, pb);
+        if (rc) bad = -1;
+        else bad += memcmp(ka, kb, n * rb) || memcmp(va, vb, n * rb) || memcmp(pa, pb, n * 4);
+        free(ka); free(va); free(kb); free(vb); free(pa); free(pb);
+        if (bad < 0) return -1;
+    }
+    return bad;
+}
+
 typedef struct store_row {
     int32_t T;
     const char *dt;
@@ -648,6 +674,7 @@ typedef struct store_row {
     kvz_load_layer_time trace[128]; /* ... its per-layer timeline */
     kvz_load_layer_time trace_d[128]; /* a warm direct-route load's */
     kvz_load_profile prof_d;
+    int differ; /* layers the direct route's cache differs from the default's */
     int n_trace;
     double stored_per_tok, kept_gb, kept_bf16_gb;
     int ok;
@@ -756,6 +783,10 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
                 }
                 kvz_load_opts ld = {.direct = 1, .profile = &r->prof_d, .trace = r->trace_d};
                 API(kvz_load_doc(m, st, id, 0, 1024, &ld, &k2, &dm));
+                kvz_kv *k3;
+                API(kvz_load_doc(m, st, id, 0, 1024, NULL, &k3, &dm));
+                r->differ = caches_differ(k2, k3, c);
+                kvz_kv_free(k3);
                 kvz_kv_free(k2);
                 kvz_load_opts lm = {.map_only = 1};
                 for (int rep = 0; rep < 2; rep++) {
@@ -830,6 +861,8 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
             }
             if (d) {
                 const kvz_load_profile *p = &r->prof_d;
+                printf("  direct route: caches of the two routes differ in %d layer(s) (bf16 rows, positions: bit for bit)\n",
+                       r->differ);
                 printf("  direct route: %.4f s; records direct %llu / copied %llu / zstd %llu; worker s: copy %.4f hash "
                        "%.4f check %.4f zstd %.4f pin %.4f slot wait %.4f; upload thread: wait %.4f H2D + kernel %.4f\n",
                        p->total_s, (unsigned long long)p->records_direct, (unsigned long long)p->records_copied,

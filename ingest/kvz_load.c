@@ -20,6 +20,7 @@
 #endif
 
 #define MAX_THREADS 16
+#define MAX_CUTS 8 /* pins a record may cross (64 MiB pieces: a record of ~448 MiB) */
 
 int kvz_load_threads(const kvz_load_opts *o)
 {
@@ -54,6 +55,8 @@ typedef struct load_job {
     int8_t *slot_of;    /* (n_layer) the slot layer l was decoded into */
     uint8_t *ready;     /* (n_layer) decoded */
     const uint8_t **src; /* (n_layer, direct) the verified record in the pinned map, else NULL */
+    size_t (*cuts)[MAX_CUTS]; /* (n_layer, direct) where src[l] crosses into the next pin */
+    int *n_cuts;
     kvz_store_pinner pinner; /* (direct) the driver pins the map's pages for the store's life */
     kvz_load_profile prof; /* summed over the workers (sy.mu) */
     kvz_load_layer_time *trace; /* NULL or (n_layer) */
@@ -137,7 +140,7 @@ static void *load_worker(void *arg)
             rc = kvz_load_record_mapped(&rd, bm, j->hash, l, da, &rec);
             if (!rc) {
                 const double t0 = kvz_now();
-                if (kvz_store_pin(rd.r, rec, da.len, &j->pinner)) {
+                if (kvz_store_pin(rd.r, rec, da.len, &j->pinner, j->cuts[l], MAX_CUTS, &j->n_cuts[l])) {
                     rc = KVZ_ERR_UNSUPPORTED; /* over the budget, or the driver cannot pin: copy instead */
                     rd.pf.records_direct--;
                     rd.pf.bytes -= da.len;
@@ -273,12 +276,12 @@ static void upload_loop(load_job *j)
                 const kvz_load_at pa = pre_at(j, l);
                 rc = kvz_cuda_load_layer_src(j->kv, (int32_t)l, slot, (uint8_t *)j->slots[slot] + pa.x, pa.len,
                                              j->pm->dtype, j->pm->counts + (size_t)l * bm->n_kv_head, 0,
-                                             pa.k - pa.x, pa.v - pa.x, pa.pos - pa.x);
+                                             pa.k - pa.x, pa.v - pa.x, pa.pos - pa.x, NULL, 0);
                 r0 = (int32_t)j->pm->n_prefix;
             }
             if (!rc)
                 rc = kvz_cuda_load_layer_src(j->kv, (int32_t)l, slot, j->src[l], da.len, bm->dtype, cnt, r0,
-                                             da.k - da.x, da.v - da.x, da.pos - da.x);
+                                             da.k - da.x, da.v - da.x, da.pos - da.x, j->cuts[l], j->n_cuts[l]);
         } else if (j->pm) { /* the shared prefix first (rows 0..n_prefix-1 of every head); one copy of the slot */
             const kvz_load_at pa = pre_at(j, l);
             rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, j->pm->dtype, j->pm->counts + (size_t)l * bm->n_kv_head,
@@ -429,7 +432,9 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
         j.direct_min = o && o->direct_min ? o->direct_min : (size_t)64 << 10;
         if (j.direct) {
             j.src = calloc(bm.n_layer, sizeof *j.src);
-            if (!j.src) {
+            j.cuts = calloc(bm.n_layer, sizeof *j.cuts);
+            j.n_cuts = calloc(bm.n_layer, sizeof *j.n_cuts);
+            if (!j.src || !j.cuts || !j.n_cuts) {
                 rc = KVZ_ERR_NOMEM;
                 goto out;
             }
@@ -472,6 +477,8 @@ out:
     free(j.ready);
     free(j.slot_of);
     free(j.src);
+    free(j.cuts);
+    free(j.n_cuts);
     kvz_blob_meta_free(&bm);
     kvz_blob_meta_free(&pm);
     if (rc) {

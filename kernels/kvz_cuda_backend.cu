@@ -1472,7 +1472,7 @@ extern "C" int kvz_cuda_load_layer(kvz_kv *kv, int32_t layer, int slot, int dtyp
 
 extern "C" int kvz_cuda_load_layer_src(kvz_kv *kv, int32_t layer, int slot, const void *src, size_t bytes, int dtype,
                                        const uint32_t *counts, int32_t row0, size_t k_off, size_t v_off,
-                                       size_t pos_off)
+                                       size_t pos_off, const size_t *cuts, int n_cuts)
 {
     kvz_cuda_cache *cc = kv->cuda;
     kvz_cuda_model *g = kv->m->cuda;
@@ -1489,7 +1489,12 @@ extern "C" int kvz_cuda_load_layer_src(kvz_kv *kv, int32_t layer, int slot, cons
     }
     const cudaStream_t s = g->s;
     char *d = (char *)g->ld_d[slot] + shift;
-    KVZ_CUDA_TRY(cudaMemcpyAsync(d, src, bytes, cudaMemcpyHostToDevice, s));
+    for (int i = 0; i <= n_cuts; i++) { /* one copy per registration the source lies in */
+        const size_t lo = i ? cuts[i - 1] : 0, hi = i < n_cuts ? cuts[i] : bytes;
+        if (hi < lo || hi > bytes) return kvz_error_set(KVZ_ERR_ARG, "load_layer_src: bad cuts");
+        if (hi > lo)
+            KVZ_CUDA_TRY(cudaMemcpyAsync(d + lo, (const char *)src + lo, hi - lo, cudaMemcpyHostToDevice, s));
+    }
     TRY(kvz_cuda_kv_load(s, &cc->L[layer], dtype, rows, row0, d + k_off, d + v_off, (const uint32_t *)(d + pos_off)));
     KVZ_CUDA_TRY(cudaEventRecord(g->ld_ev[slot], s));
     for (int32_t h = 0; h < kv->n_kv_head; h++) kv->len[(size_t)layer * kv->n_kv_head + h] = row0 + rows[h];

@@ -48,11 +48,13 @@ int kvz_cuda_load_layer(kvz_kv *kv, int32_t layer, int slot, int dtype, const ui
  *  from @p src (page-locked host memory: a slot, or a range registered with
  *  kvz_cuda_host_register) are copied into slot @p slot's device buffer (shifted so
  *  that K lands on a 16-byte boundary; the slot must hold bytes + 15; offsets are
- *  from @p src) and converted into cache rows row0.. of each head. Two calls on one
+ *  from @p src; copied in pieces at the ascending offsets @p cuts, where @p src
+ *  crosses from one registration into the next) and converted into cache rows row0.. of each head. Two calls on one
  *  slot are ordered by the model's stream. @p src must stay unchanged until
  *  kvz_cuda_load_wait(slot) or kvz_cuda_load_finish(). */
 int kvz_cuda_load_layer_src(kvz_kv *kv, int32_t layer, int slot, const void *src, size_t bytes, int dtype,
-                            const uint32_t *counts, int32_t row0, size_t k_off, size_t v_off, size_t pos_off);
+                            const uint32_t *counts, int32_t row0, size_t k_off, size_t v_off, size_t pos_off,
+                            const size_t *cuts, int n_cuts);
 
 /** Register [@p p, @p p + @p n), rounded out to whole pages, with the CUDA driver as
  *  read-only page-locked memory (cudaHostRegister: Portable | ReadOnly) so that H2D

@@ -53,6 +53,7 @@ struct kvz_store {
     uintptr_t *pin_end;
     size_t n_pin_chunk;
     void **pin_h;
+    uintptr_t *pin_lo;      /* where each pin starts (an upload must not cross one: the cuts) */
     size_t n_pin_h, cap_pin_h;
     uint64_t pinned;
 };
@@ -363,8 +364,10 @@ static void unpin_all(kvz_store *s)
 {
     for (size_t i = 0; i < s->n_pin_h; i++) s->pinner.unpin(s->pin_h[i]);
     free(s->pin_h);
+    free(s->pin_lo);
     free(s->pin_end);
     s->pin_h = NULL;
+    s->pin_lo = NULL;
     s->pin_end = NULL;
     s->n_pin_h = s->cap_pin_h = s->n_pin_chunk = 0;
     s->pinned = 0;
@@ -2845,10 +2848,12 @@ int kvz_store_map_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, s
 
 #define PIN_CHUNK ((uintptr_t)64 << 20) /* pins are whole 64 MiB pieces of the map (the file's end cuts the last) */
 
-int kvz_store_pin(kvz_store_read *r, const void *p, size_t n, const kvz_store_pinner *pinner)
+int kvz_store_pin(kvz_store_read *r, const void *p, size_t n, const kvz_store_pinner *pinner, size_t *cuts,
+                  int max_cuts, int *n_cuts)
 {
-    if (!r || !p || !n || !pinner || !pinner->pin || !pinner->unpin)
+    if (!r || !p || !n || !pinner || !pinner->pin || !pinner->unpin || (max_cuts && !cuts))
         return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    if (n_cuts) *n_cuts = 0;
     kvz_store *s = r->s;
     int fd;
     struct stat st;
@@ -2893,20 +2898,41 @@ int kvz_store_pin(kvz_store_read *r, const void *p, size_t n, const kvz_store_pi
         if (s->n_pin_h == s->cap_pin_h) {
             const size_t cap = s->cap_pin_h ? 2 * s->cap_pin_h : 64;
             void **h = realloc(s->pin_h, cap * sizeof *h);
-            if (!h) {
+            if (h) s->pin_h = h;
+            uintptr_t *lo2 = h ? realloc(s->pin_lo, cap * sizeof *lo2) : NULL;
+            if (lo2) s->pin_lo = lo2;
+            if (!h || !lo2) {
                 err = kvz_error_set(KVZ_ERR_NOMEM, "kvz_store: pin table");
                 break;
             }
-            s->pin_h = h;
             s->cap_pin_h = cap;
         }
         void *h = NULL;
         if ((err = pinner->pin((const void *)from, hi - from, &h))) break;
+        s->pin_lo[s->n_pin_h] = from;
         s->pin_h[s->n_pin_h++] = h;
         s->pin_end[c] = hi;
         s->pinned += hi - from;
     }
+    int nc = 0; /* the pins that start inside the range: an upload copies each piece on its own */
+    for (size_t i = 0; !err && i < s->n_pin_h; i++) {
+        if (s->pin_lo[i] <= a || s->pin_lo[i] >= b) continue;
+        if (nc >= max_cuts) {
+            err = kvz_error_set(KVZ_ERR_UNSUPPORTED, "kvz_store: the range crosses more than %d pins", max_cuts);
+            break;
+        }
+        cuts[nc++] = (size_t)(s->pin_lo[i] - a);
+    }
     pthread_mutex_unlock(&s->map_mu);
+    if (!err && n_cuts) {
+        for (int i = 1; i < nc; i++) /* ascending */
+            for (int k = i; k > 0 && cuts[k - 1] > cuts[k]; k--) {
+                const size_t t = cuts[k];
+                cuts[k] = cuts[k - 1];
+                cuts[k - 1] = t;
+            }
+        *n_cuts = nc;
+    }
     return err;
 }
 

@@ -317,11 +317,16 @@ typedef struct kvz_store_pinner {
  * on), so later reads of the same region pay nothing. Every pin is undone before
  * the map may move (a resize of this process, or adopting another's) and by
  * kvz_store_close(). The first pinner stays the store's. Thread-safe.
+ * A copy from pinned memory must not cross from one pin into the next (CUDA refuses
+ * it): @p cuts receives the offsets in (0, n), ascending, where a pin starts inside
+ * the range (*@p n_cuts of them, at most @p max_cuts; NULL/0 when the caller does
+ * not need them).
  * @return 0; KVZ_ERR_FULL (the budget would be passed: nothing more is pinned);
- *   KVZ_ERR_UNSUPPORTED (the range is not in the data file, or another pinner);
- *   what pin() returned; KVZ_ERR_NOMEM.
+ *   KVZ_ERR_UNSUPPORTED (the range is not in the data file, another pinner, or more
+ *   than max_cuts cuts); what pin() returned; KVZ_ERR_NOMEM.
  */
-int kvz_store_pin(kvz_store_read *r, const void *p, size_t n, const kvz_store_pinner *pinner);
+int kvz_store_pin(kvz_store_read *r, const void *p, size_t n, const kvz_store_pinner *pinner, size_t *cuts,
+                  int max_cuts, int *n_cuts);
 
 /** Bytes of the map kvz_store_pin() holds pinned now. */
 uint64_t kvz_store_pinned_bytes(kvz_store *s);

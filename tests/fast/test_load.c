@@ -646,10 +646,13 @@ static int run(int device)
                     ok &= kvz_store_map_layer(rd.r, h1, (uint32_t)l, at.len, &rec, &len, NULL, NULL) == KVZ_ERR_ARG;
                     const int g0 = g_npin;
                     ok &= kvz_load_record_mapped(&rd, &bm, h1, (uint32_t)l, at, &rec) == 0;
-                    const int prc = kvz_store_pin(rd.r, rec, at.len, &pn);
+                    size_t cuts[8];
+                    int ncut = -1;
+                    const int prc = kvz_store_pin(rd.r, rec, at.len, &pn, cuts, 8, &ncut);
+                    ok &= ncut == 0; /* a small file: one pin */
                     CHECKF(prc == 0, "kvz_store_pin: %s", kvz_error_detail());
                     ok &= prc == 0;
-                    ok &= kvz_store_pin(rd.r, rec, at.len, &pn) == 0 && (l > 0 || g_npin > g0); /* again: no new pin */
+                    ok &= kvz_store_pin(rd.r, rec, at.len, &pn, NULL, 0, NULL) == 0 && (l > 0 || g_npin > g0); /* again: no new pin */
                     int covered = 0; /* the record lies in one pinned range, or across adjacent ones */
                     for (int i = 0; i < g_npin; i++)
                         covered |= g_pins[i].live && g_pins[i].lo <= (uintptr_t)rec && (uintptr_t)rec + at.len <= g_pins[i].hi;
