@@ -245,7 +245,8 @@ int kvzip_model_open(const char *path, const kvzip_model_opts *opts, kvzip_model
     uint64_t cache_mb = DOC_CACHE_MB;
     const char *env = getenv("KVZIP_DOC_CACHE_MB");
     if (env && *env) cache_mb = strtoull(env, NULL, 10);
-    if ((rc = kvz_doc_cache_create(m->m, cache_mb << 20, NULL, &m->dc))) {
+    const kvz_load_opts lo = {.direct = o.pin_store_map != 0};
+    if ((rc = kvz_doc_cache_create(m->m, cache_mb << 20, &lo, &m->dc))) {
         kvz_model_free(m->m);
         free(m);
         return rc;

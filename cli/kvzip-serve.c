@@ -97,7 +97,8 @@ int main(int argc, char **argv)
         return EXIT_NOTFOUND;
     }
     kvzip_model *m;
-    kvzip_model_opts mo = {.device = device, .n_threads = (int32_t)threads};
+    /* a long-lived process: documents are uploaded straight from the pinned store map (CUDA) */
+    kvzip_model_opts mo = {.device = device, .n_threads = (int32_t)threads, .pin_store_map = 1};
     int rc = kvzip_model_open(model_path, &mo, &m);
     if (rc) {
         cli_error(rc, "cannot load model %s", model_path);

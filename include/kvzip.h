@@ -143,6 +143,12 @@ typedef struct kvzip_model_opts {
                                   file ("smollm2-135m", "llama3-8b", "qwen2.5-7b", "tiny-llama",
                                   "tiny-qwen2", "tiny-qwen3"; byte-level tokenizer) */
     uint64_t seed;           /**< synthetic weights seed (0 = default) */
+    int32_t pin_store_map;   /**< 1 (CUDA): sessions load documents straight from each store's
+                                  map, which the store keeps pinned with the driver in 64 MiB
+                                  pieces until it closes (for long-lived processes such as
+                                  kvzip-serve: the first load of a region pays the pinning,
+                                  about what a copy costs; later loads skip the host copy).
+                                  0 (default): every load copies through pinned staging */
 } kvzip_model_opts;
 
 /** Defaults: AUTO device, all cores, no synthetic model. */

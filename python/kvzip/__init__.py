@@ -68,7 +68,8 @@ c_float, c_double, c_char_p, c_void_p, c_size_t = (ctypes.c_float, ctypes.c_doub
 
 
 class _ModelOpts(ctypes.Structure):
-    _fields_ = [("device", c_i32), ("n_threads", c_i32), ("synthetic", c_char_p), ("seed", c_u64)]
+    _fields_ = [("device", c_i32), ("n_threads", c_i32), ("synthetic", c_char_p), ("seed", c_u64),
+                ("pin_store_map", c_i32)]
 
 
 class _ModelInfo(ctypes.Structure):
