@@ -18,6 +18,7 @@
 
 #define E cli_escape
 #define R kvz_store_ratio
+
 static void usage(void)
 {
     printf(
@@ -404,9 +405,12 @@ static const struct {
     const char *needs;
     unsigned open;
 } cmds[] = {
-    {"ls", cmd_ls, NULL, RO},         {"show", cmd_show, "show needs a document id", RO},
-    {"rm", cmd_rm, "rm needs a document id", 0}, {"verify", cmd_verify, NULL, RO},
-    {"gc", cmd_gc, NULL, 0},          {"stats", cmd_stats, NULL, RO},
+    {"ls", cmd_ls, NULL, RO},
+    {"show", cmd_show, "show needs a document id", RO},
+    {"rm", cmd_rm, "rm needs a document id", 0},
+    {"verify", cmd_verify, NULL, RO},
+    {"gc", cmd_gc, NULL, 0},
+    {"stats", cmd_stats, NULL, RO},
     {"salvage", cmd_salvage, "salvage needs a new folder DST to copy into", RO | KVZ_STORE_SALVAGE},
     {"snapshot", cmd_snapshot, "snapshot needs a target folder", RO},
 };
