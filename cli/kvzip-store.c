@@ -1,18 +1,23 @@
-/* kvzip-store: list, inspect, verify, garbage-collect and compact a kvzip store. */
+/* kvzip-store: list, inspect, verify, garbage-collect, compact, salvage, merge and
+ * snapshot a kvzip store. A thin main: the work and the --json objects are the store
+ * library's (store/kvz_store_admin.h, store/kvz_store_report.h); this file parses
+ * flags, prints text lines and chooses exit codes (docs/ERRORS.md). */
 #include <inttypes.h>
-#include <stdarg.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "cli_util.h"
-#include "kvz_blob.h"
-#include "kvz_kvdtype.h"
 #include "kvz_error.h"
 #include "kvz_store.h"
+#include "kvz_store_admin.h"
 #include "kvz_store_merge.h"
+#include "kvz_store_report.h"
+
+#define E cli_escape
+#define R kvz_store_ratio
 
 static void usage(void)
 {
@@ -86,357 +91,134 @@ static void usage(void)
         KVZ_DEFAULT_STORE);
 }
 
-static int json;
+static int json, compact;
 
-/* @p s for a terminal: C0 controls, DEL and backslash as \n \r \t \\ \xHH, UTF-8
- * encoded C1 controls as \u00HH, bytes that are not UTF-8 as \xHH; everything
- * else as is. Returns @p buf (truncated to @p cap). */
-static const char *esc(const char *s, char *buf, size_t cap)
+/* Print a report object (released here) on stdout, then @p end. 1 when it could not
+ * be made (out of memory; the error line is printed). */
+static int dump(json_t *o, const char *end)
 {
-    static const char hx[] = "0123456789abcdef";
-    size_t o = 0;
-    const unsigned char *p = (const unsigned char *)s;
-    while (*p && o + 8 < cap) {
-        unsigned c = *p;
-        if (c == '\\') { buf[o++] = '\\'; buf[o++] = '\\'; p++; continue; }
-        if (c == '\n' || c == '\r' || c == '\t') {
-            buf[o++] = '\\';
-            buf[o++] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
-            p++;
-            continue;
-        }
-        if (c < 0x20 || c == 0x7f) {
-            buf[o++] = '\\'; buf[o++] = 'x'; buf[o++] = hx[c >> 4]; buf[o++] = hx[c & 15];
-            p++;
-            continue;
-        }
-        if (c < 0x80) { buf[o++] = (char)c; p++; continue; }
-        /* a UTF-8 sequence: length from the lead byte, continuation bytes checked */
-        int n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-        int ok = n > 0;
-        for (int i = 1; ok && i < n; i++) ok = (p[i] & 0xc0) == 0x80;
-        if (!ok) {
-            buf[o++] = '\\'; buf[o++] = 'x'; buf[o++] = hx[c >> 4]; buf[o++] = hx[c & 15];
-            p++;
-            continue;
-        }
-        if (n == 2 && c == 0xc2 && p[1] < 0xa0) { /* U+0080..U+009F: C1 controls */
-            memcpy(buf + o, "\\u00", 4);
-            o += 4;
-            buf[o++] = hx[p[1] >> 4];
-            buf[o++] = hx[p[1] & 15];
-            p += 2;
-            continue;
-        }
-        for (int i = 0; i < n; i++) buf[o++] = (char)p[i];
-        p += n;
-    }
-    buf[o] = 0;
-    return buf;
-}
-
-#define ESC_CAP 8192
-/* esc() into one of 4 static slots, so one printf may escape several strings */
-static const char *E(const char *s)
-{
-    static char slots[4][ESC_CAP];
-    static int next;
-    char *b = slots[next];
-    next = (next + 1) % 4;
-    return esc(s, b, ESC_CAP);
-}
-
-/* The cli_error() line, escaped as a whole: ids and library details may hold any byte. */
-__attribute__((format(printf, 2, 3)))
-static void store_error(int rc, const char *fmt, ...)
-{
-    char what[2048], line[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    const char *detail = kvz_error_detail();
-    if (detail[0]) snprintf(line, sizeof line, "%s: %s (%s)", what, detail, kvz_strerror(rc));
-    else snprintf(line, sizeof line, "%s: %s", what, kvz_strerror(rc));
-    fprintf(stderr, "kvzip-store: error: %s\n", E(line));
-    kvz_error_clear();
-}
-
-/* "no document" for @p id, with a hint when it was stored in parts (ID#1, ID#2, ...). */
-static void no_doc(kvz_store *s, const char *path, const char *id)
-{
-    char part[KVZ_STORE_DOC_ID_MAX + 32];
-    kvz_store_doc_info *pi = malloc(sizeof *pi);
-    int n = 0;
-    while (pi && n < 1000000) {
-        snprintf(part, sizeof part, "%s#%d", id, n + 1);
-        if (strlen(part) > KVZ_STORE_DOC_ID_MAX || kvz_store_lookup(s, part, pi) != 0) break;
-        n++;
-    }
-    free(pi);
-    kvz_error_clear();
-    if (n == 1)
-        fprintf(stderr, "kvzip-store: error: no document '%s' in %s: it was stored in parts: '%s#1' "
-                "(kvzip-store ls lists them)\n", E(id), E(path), E(id));
-    else if (n > 1)
-        fprintf(stderr, "kvzip-store: error: no document '%s' in %s: it was stored in parts: "
-                "'%s#1'..'%s#%d' (kvzip-store ls lists them)\n", E(id), E(path), E(id), E(id), n);
-    else
-        fprintf(stderr, "kvzip-store: error: no document '%s' in %s (list them with kvzip-store ls)\n",
-                E(id), E(path));
+    const int bad = !o || json_dumpf(o, stdout, JSON_ENCODE_ANY | JSON_REAL_PRECISION(15));
+    json_decref(o);
+    if (bad) cli_error(KVZ_ERR_NOMEM, "cannot write the JSON output");
+    else fputs(end, stdout);
+    return bad;
 }
 
 /* Exit code of a store operation: 6 not found, 2 usage, 1 out of memory or a
  * bug, 5 anything wrong with the store itself (corrupt, other version, LMDB, full). */
 static int store_exit(int rc)
 {
-    switch (rc) {
-    case KVZ_OK: return EXIT_OK;
-    case KVZ_ERR_NOTFOUND: return EXIT_NOTFOUND;
-    case KVZ_ERR_ARG: return EXIT_USAGE;
-    case KVZ_ERR_NOMEM: case KVZ_ERR_INTERNAL: return EXIT_FAIL;
-    default: return EXIT_STORE;
-    }
+    return rc == KVZ_OK ? EXIT_OK : rc == KVZ_ERR_NOTFOUND ? EXIT_NOTFOUND : rc == KVZ_ERR_ARG ? EXIT_USAGE
+         : rc == KVZ_ERR_NOMEM || rc == KVZ_ERR_INTERNAL ? EXIT_FAIL : EXIT_STORE;
+}
+/* The error line of a failed store operation (cli_error), and its exit code. */
+#define FAIL(rc, ...) (cli_error(rc, __VA_ARGS__), store_exit(rc))
+
+/* "no document" for @p id, with a hint when it was stored in parts (ID#1, ID#2, ...). */
+static int no_doc(kvz_store *s, const char *path, const char *id)
+{
+    const uint32_t n = kvz_store_count_parts(s, id);
+    fprintf(stderr, "kvzip-store: error: no document '%s' in %s", E(id), E(path));
+    if (!n) fputs(" (list them with kvzip-store ls)\n", stderr);
+    else if (n == 1) fprintf(stderr, ": it was stored in parts: '%s#1' (kvzip-store ls lists them)\n", E(id));
+    else fprintf(stderr, ": it was stored in parts: '%s#1'..'%s#%u' (kvzip-store ls lists them)\n", E(id), E(id), n);
+    return EXIT_NOTFOUND;
 }
 
-static void hex16(const uint8_t *b, char out[33])
+static const char *B(uint64_t b) /* bytes for a text line; 8 rotating buffers */
 {
-    static const char hx[] = "0123456789abcdef";
-    for (int i = 0; i < 16; i++) { out[2 * i] = hx[b[i] >> 4]; out[2 * i + 1] = hx[b[i] & 15]; }
-    out[32] = 0;
-}
-
-static void fmt_date(int64_t t, char out[32])
-{
-    time_t tt = (time_t)t;
-    struct tm tm;
-    if (!gmtime_r(&tt, &tm) || !strftime(out, 32, "%Y-%m-%d %H:%M:%S", &tm))
-        snprintf(out, 32, "?");
-}
-
-static void fmt_bytes(uint64_t b, char out[32])
-{
+    static char bufs[8][32];
+    static unsigned next;
+    char *out = bufs[next++ % 8];
     if (b < 10000) snprintf(out, 32, "%" PRIu64 " B", b);
     else if (b < 10000000) snprintf(out, 32, "%.1f kB", b / 1e3);
     else if (b < 10000000000ull) snprintf(out, 32, "%.1f MB", b / 1e6);
     else snprintf(out, 32, "%.2f GB", b / 1e9);
+    return out;
 }
-
-static double ratio_of(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
-
-static const char *dtype_name(uint8_t d)
-{
-    const char *n = kvz_kv_dtype_name(d); /* f32 f16 bf16 q8 q4 (common/kvz_kvdtype.h) */
-    return n ? n : "?";
-}
-
-static const char *mode_name(uint8_t m)
-{
-    return m == KVZ_MODE_GLOBAL ? "global" : m == KVZ_MODE_UNIFORM ? "uniform" : "?";
-}
-
-/* ========================================================================= */
-/* ls                                                                          */
-
-typedef struct {
-    int n;
-} ls_state;
 
 static int ls_cb(void *u, const char *id, const kvz_store_doc_info *in)
 {
-    ls_state *st = u;
-    char date[32], hx[33];
-    fmt_date(in->ingest_time, date);
-    hex16(in->hash, hx);
-    if (json) {
-        printf("%s\n    {\"id\": ", st->n ? "," : "");
-        cli_json_str(stdout, id, strlen(id));
-        printf(", \"tokens\": %" PRIu64 ", \"ratio\": %.4f, \"mode\": \"%s\", \"bytes_stored\": %"
-               PRIu64 ", \"bytes_kv_full\": %" PRIu64 ", \"bytes_kv_kept\": %" PRIu64
-               ", \"compression\": %.3f, \"records\": %u, \"hash\": \"%s\", \"ingest_time\": %"
-               PRId64 ", \"date\": \"%s\", \"source\": ",
-               in->n_tokens, in->ratio, mode_name(in->mode), in->bytes_stored, in->bytes_kv_full,
-               in->bytes_kv_kept, ratio_of(in->bytes_kv_full, in->bytes_stored), in->n_records, hx,
-               in->ingest_time, date);
-        cli_json_str(stdout, in->source_path, strlen(in->source_path));
-        printf("}");
-    } else {
-        char b[32];
-        fmt_bytes(in->bytes_stored, b);
-        printf("%-40s %8" PRIu64 " %6.3f %10s %7.2fx  %s\n", E(id), in->n_tokens, in->ratio, b,
-               ratio_of(in->bytes_kv_full, in->bytes_stored), date);
-    }
-    st->n++;
+    int *n = u;
+    char date[32];
+    kvz_store_fmt_date(in->ingest_time, date);
+    if (!json)
+        printf("%-40s %8" PRIu64 " %6.3f %10s %7.2fx  %s\n", E(id), in->n_tokens, in->ratio,
+               B(in->bytes_stored), R(in->bytes_kv_full, in->bytes_stored), date);
+    else if (fputs(*n ? ",\n    " : "\n    ", stdout), dump(kvz_report_doc(id, in), ""))
+        return 1; /* ends the walk */
+    (*n)++;
     return 0;
 }
 
-static int cmd_ls(kvz_store *s, const char *path)
+static int cmd_ls(kvz_store *s, const char *path, const char *arg)
 {
-    ls_state st = {0};
-    if (json) {
-        printf("{\"store\": ");
-        cli_json_str(stdout, path, strlen(path));
-        printf(", \"docs\": [");
-    } else {
-        printf("%-40s %8s %6s %10s %8s  %s\n", "ID", "TOKENS", "RATIO", "STORED", "COMPR", "DATE (UTC)");
-    }
-    int rc = kvz_store_list(s, ls_cb, &st);
-    if (json) printf("%s]}\n", st.n ? "\n  " : "");
-    if (rc) {
-        store_error(rc, "cannot list %s", path);
-        return store_exit(rc);
-    }
-    return EXIT_OK;
+    int n = 0, rc;
+    (void)arg;
+    if (!json) printf("%-40s %8s %6s %10s %8s  %s\n", "ID", "TOKENS", "RATIO", "STORED", "COMPR", "DATE (UTC)");
+    else if (fputs("{\"store\": ", stdout), dump(kvz_report_text(path), ", \"docs\": [")) return EXIT_FAIL;
+    rc = kvz_store_list(s, ls_cb, &n);
+    if (json) printf("%s]}\n", n ? "\n  " : "");
+    return rc == 1 ? EXIT_FAIL : rc ? FAIL(rc, "cannot list %s", path) : EXIT_OK;
 }
-
-/* ========================================================================= */
-/* show                                                                        */
 
 static int cmd_show(kvz_store *s, const char *path, const char *id)
 {
-    kvz_store_read *r;
-    int rc = kvz_store_read_begin(s, &r);
-    if (rc) { store_error(rc, "cannot read %s", path); return store_exit(rc); }
-    kvz_store_doc_info *in = malloc(sizeof *in);
-    kvz_blob_meta m = {0};
-    uint64_t *rec_bytes = NULL, *raw_bytes = NULL;
-    uint64_t meta_bytes = 0;
-    if (!in) { rc = KVZ_ERR_NOMEM; store_error(rc, "show"); goto out; }
-    if ((rc = kvz_store_read_doc(r, id, in))) {
-        if (rc == KVZ_ERR_NOTFOUND) no_doc(s, path, id);
-        else store_error(rc, "cannot read document '%s'", id);
-        goto out;
-    }
-    const uint8_t *rec;
-    size_t len;
-    if ((rc = kvz_store_read_meta(r, in->hash, &rec, &len)) ||
-        (rc = kvz_blob_decode_meta(rec, len, NULL, &m))) {
-        store_error(rc, "document '%s': cannot read its blob's META record", id);
-        goto out;
-    }
-    meta_bytes = len;
-    rec_bytes = calloc(m.n_layer, sizeof *rec_bytes);
-    raw_bytes = calloc(m.n_layer, sizeof *raw_bytes);
-    if (!rec_bytes || !raw_bytes) { rc = KVZ_ERR_NOMEM; store_error(rc, "show"); goto out; }
-    for (uint32_t l = 0; l < m.n_layer; l++) {
-        if ((rc = kvz_store_read_layer(r, in->hash, l, &rec, &len))) {
-            store_error(rc, "document '%s': layer %u record", id, l);
-            goto out;
-        }
-        rec_bytes[l] = len;
-        raw_bytes[l] = kvz_blob_layer_raw_size(&m, l);
-    }
-    char hx[33], fp[33], date[32];
-    hex16(in->hash, hx);
-    hex16(m.fingerprint, fp);
-    fmt_date(in->ingest_time, date);
-    const uint32_t H = m.n_kv_head;
-    uint64_t kept_total = 0, raw_total = 0, rec_total = meta_bytes;
-    uint32_t cmin = UINT32_MAX, cmax = 0;
-    for (uint32_t l = 0; l < m.n_layer; l++) {
-        kept_total += kvz_blob_layer_kept(&m, l);
-        raw_total += raw_bytes[l];
-        rec_total += rec_bytes[l];
-        for (uint32_t h = 0; h < H; h++) {
-            uint32_t c = m.counts[l * H + h];
-            if (c < cmin) cmin = c;
-            if (c > cmax) cmax = c;
-        }
-    }
-    const uint64_t ctx_pairs = (uint64_t)m.n_layer * H * m.n_context;
-    const uint64_t kept_ctx = m.prefix_policy == KVZ_PREFIX_KEEP
-                                  ? kept_total - (uint64_t)m.n_layer * H * m.n_prefix : kept_total;
-    if (json) {
-        printf("{\"id\": ");
-        cli_json_str(stdout, id, strlen(id));
-        printf(", \"source\": ");
-        cli_json_str(stdout, in->source_path, strlen(in->source_path));
-        printf(", \"hash\": \"%s\", \"tokens\": %" PRIu64 ", \"ingest_time\": %" PRId64
-               ", \"date\": \"%s\", \"records\": %u, \"bytes_stored\": %" PRIu64
-               ", \"bytes_kv_full\": %" PRIu64 ", \"bytes_kv_kept\": %" PRIu64
-               ", \"compression\": %.3f,\n \"blob\": {\"model_fp\": \"%s\", \"n_layer\": %u, "
-               "\"n_head\": %u, \"n_kv_head\": %u, \"head_dim\": %u, \"dtype\": \"%s\", \"mode\": "
-               "\"%s\", \"prefix_policy\": \"%s\", \"ratio\": %.4f, \"chunk\": %u, \"overlap\": %u, "
-               "\"n_prefix\": %u, \"n_context\": %u, \"pairs_kept\": %" PRIu64
-               ", \"context_pairs\": %" PRIu64 ", \"context_pairs_kept\": %" PRIu64
-               ", \"kept_per_head_min\": %u, \"kept_per_head_max\": %u, \"bytes_raw\": %" PRIu64
-               ", \"bytes_records\": %" PRIu64 ", \"meta_record_bytes\": %" PRIu64 ",\n  \"layers\": [",
-               hx, in->n_tokens, in->ingest_time, date, in->n_records, in->bytes_stored,
-               in->bytes_kv_full, in->bytes_kv_kept, ratio_of(in->bytes_kv_full, in->bytes_stored),
-               fp, m.n_layer, m.n_head, m.n_kv_head, m.head_dim, dtype_name(m.dtype),
-               mode_name(m.mode), m.prefix_policy == KVZ_PREFIX_KEEP ? "keep" : m.prefix_policy == KVZ_PREFIX_SHARED ? "shared" : "none", m.ratio,
-               m.chunk, m.overlap, m.n_prefix, m.n_context, kept_total, ctx_pairs, kept_ctx, cmin,
-               cmax, raw_total, rec_total, meta_bytes);
-        for (uint32_t l = 0; l < m.n_layer; l++) {
-            printf("%s\n   {\"layer\": %u, \"kept\": %" PRIu64 ", \"heads\": [", l ? "," : "", l,
-                   kvz_blob_layer_kept(&m, l));
-            for (uint32_t h = 0; h < H; h++) printf("%s%u", h ? ", " : "", m.counts[l * H + h]);
-            printf("], \"bytes_raw\": %" PRIu64 ", \"bytes_record\": %" PRIu64 "}", raw_bytes[l],
-                   rec_bytes[l]);
-        }
-        printf("]}}\n");
-    } else {
-        char b1[32], b2[32], b3[32], b4[32];
-        printf("document     %s\n", E(id));
-        printf("source       %s\n", in->source_path[0] ? E(in->source_path) : "-");
-        printf("hash         %s\n", hx);
-        printf("ingested     %s UTC\n", date);
-        printf("tokens       %" PRIu64 " (%u system prefix + %u context)\n", in->n_tokens,
-               m.n_prefix, m.n_context);
-        fmt_bytes(in->bytes_kv_full, b1);
-        fmt_bytes(in->bytes_kv_kept, b2);
-        fmt_bytes(in->bytes_stored, b3);
-        printf("KV bytes     full %s, kept %s, stored %s in %u records\n", b1, b2, b3, in->n_records);
-        printf("compression  %.2fx overall (eviction %.2fx, zstd %.2fx)\n",
-               ratio_of(in->bytes_kv_full, in->bytes_stored),
-               ratio_of(in->bytes_kv_full, in->bytes_kv_kept),
-               ratio_of(in->bytes_kv_kept, in->bytes_stored));
-        printf("model        %s\n", fp);
-        printf("dims         %u layers, %u query heads, %u KV heads, head_dim %u, %s\n", m.n_layer,
-               m.n_head, m.n_kv_head, m.head_dim, dtype_name(m.dtype));
-        printf("eviction     %s, ratio %.3f, chunk %u, overlap %u, prefix %s\n", mode_name(m.mode),
-               m.ratio, m.chunk, m.overlap, m.prefix_policy == KVZ_PREFIX_KEEP ? "kept" : m.prefix_policy == KVZ_PREFIX_SHARED ? "shared (one copy per store)" : "not stored");
+    kvz_store_doc_detail *d = malloc(sizeof *d);
+    if (!d) return FAIL(KVZ_ERR_NOMEM, "show");
+    int rc = kvz_store_doc_detail_get(s, id, d), ex = EXIT_OK;
+    const kvz_store_doc_info *in = &d->info;
+    const kvz_blob_meta *m = &d->meta;
+    if (rc == KVZ_ERR_NOTFOUND && d->failed == KVZ_DETAIL_DOC) ex = no_doc(s, path, id);
+    else if (rc && d->failed == KVZ_DETAIL_READ) ex = FAIL(rc, "cannot read %s", path);
+    else if (rc && d->failed == KVZ_DETAIL_DOC) ex = FAIL(rc, "cannot read document '%s'", id);
+    else if (rc && d->failed == KVZ_DETAIL_META) ex = FAIL(rc, "document '%s': cannot read its blob's META record", id);
+    else if (rc && d->failed == KVZ_DETAIL_LAYER) ex = FAIL(rc, "document '%s': layer %u record", id, d->failed_layer);
+    else if (rc) ex = FAIL(rc, "show");
+    else if (json) ex = dump(kvz_report_doc_detail(id, d), "\n");
+    else {
+        char hx[33], fp[33], date[32];
+        kvz_store_hex16(in->hash, hx);
+        kvz_store_hex16(m->fingerprint, fp);
+        kvz_store_fmt_date(in->ingest_time, date);
+        printf("document     %s\nsource       %s\nhash         %s\ningested     %s UTC\n", E(id),
+               in->source_path[0] ? E(in->source_path) : "-", hx, date);
+        printf("tokens       %" PRIu64 " (%u system prefix + %u context)\n", in->n_tokens, m->n_prefix, m->n_context);
+        printf("KV bytes     full %s, kept %s, stored %s in %u records\n", B(in->bytes_kv_full),
+               B(in->bytes_kv_kept), B(in->bytes_stored), in->n_records);
+        printf("compression  %.2fx overall (eviction %.2fx, zstd %.2fx)\nmodel        %s\n",
+               R(in->bytes_kv_full, in->bytes_stored), R(in->bytes_kv_full, in->bytes_kv_kept),
+               R(in->bytes_kv_kept, in->bytes_stored), fp);
+        printf("dims         %u layers, %u query heads, %u KV heads, head_dim %u, %s\n", m->n_layer,
+               m->n_head, m->n_kv_head, m->head_dim, kvz_store_dtype_name(m->dtype));
+        printf("eviction     %s, ratio %.3f, chunk %u, overlap %u, prefix %s\n", kvz_store_mode_name(m->mode),
+               m->ratio, m->chunk, m->overlap, m->prefix_policy == KVZ_PREFIX_KEEP ? "kept"
+               : m->prefix_policy == KVZ_PREFIX_SHARED ? "shared (one copy per store)" : "not stored");
         printf("kept pairs   %" PRIu64 " (context %" PRIu64 " of %" PRIu64 " = %.3f); per head %u..%u\n",
-               kept_total, kept_ctx, ctx_pairs, ratio_of(kept_ctx, ctx_pairs), cmin, cmax);
-        fmt_bytes(raw_total, b1);
-        fmt_bytes(rec_total, b4);
-        printf("records      META %" PRIu64 " B; layers raw %s -> %s (zstd %.2fx)\n", meta_bytes, b1,
-               b4, ratio_of(raw_total, rec_total - meta_bytes));
+               d->pairs_kept, d->context_pairs_kept, d->context_pairs,
+               R(d->context_pairs_kept, d->context_pairs), d->kept_min, d->kept_max);
+        printf("records      META %" PRIu64 " B; layers raw %s -> %s (zstd %.2fx)\n", d->meta_bytes,
+               B(d->bytes_raw), B(d->bytes_records), R(d->bytes_raw, d->bytes_records - d->meta_bytes));
         printf("\n%5s %8s %10s %10s  %s\n", "LAYER", "KEPT", "RAW", "RECORD", "PER KV HEAD");
-        for (uint32_t l = 0; l < m.n_layer; l++) {
-            printf("%5u %8" PRIu64 " %10" PRIu64 " %10" PRIu64 "  ", l, kvz_blob_layer_kept(&m, l),
-                   raw_bytes[l], rec_bytes[l]);
-            for (uint32_t h = 0; h < H && h < 16; h++) printf("%s%u", h ? " " : "", m.counts[l * H + h]);
+        for (uint32_t l = 0, H = m->n_kv_head; l < m->n_layer; l++) {
+            printf("%5u %8" PRIu64 " %10" PRIu64 " %10" PRIu64 "  ", l, kvz_blob_layer_kept(m, l),
+                   d->raw_bytes[l], d->rec_bytes[l]);
+            for (uint32_t h = 0; h < H && h < 16; h++) printf("%s%u", h ? " " : "", m->counts[l * H + h]);
             printf("%s\n", H > 16 ? " ..." : "");
         }
     }
-out:
-    kvz_blob_meta_free(&m);
-    free(rec_bytes);
-    free(raw_bytes);
-    free(in);
-    kvz_store_read_end(r);
-    return rc ? store_exit(rc) : EXIT_OK;
+    kvz_store_doc_detail_free(d);
+    free(d);
+    return ex;
 }
-
-/* ========================================================================= */
-/* rm, verify, gc, stats                                                       */
 
 static int cmd_rm(kvz_store *s, const char *path, const char *id)
 {
     int rc = kvz_store_delete_doc(s, id);
-    if (rc == KVZ_ERR_NOTFOUND) {
-        no_doc(s, path, id);
-        return EXIT_NOTFOUND;
-    }
-    if (rc) { store_error(rc, "cannot remove '%s'", id); return store_exit(rc); }
-    if (json) {
-        printf("{\"removed\": ");
-        cli_json_str(stdout, id, strlen(id));
-        printf("}\n");
-    } else {
-        printf("removed %s\n", E(id));
-    }
+    if (rc == KVZ_ERR_NOTFOUND) return no_doc(s, path, id);
+    if (rc) return FAIL(rc, "cannot remove '%s'", id);
+    if (json) return dump(json_pack("{s:o}", "removed", kvz_report_text(id)), "\n");
+    printf("removed %s\n", E(id));
     return EXIT_OK;
 }
 
@@ -447,61 +229,36 @@ static int on_problem(void *u, int err, const char *msg)
     return 0;
 }
 
-static int cmd_verify(kvz_store *s, const char *path)
+static int cmd_verify(kvz_store *s, const char *path, const char *arg)
 {
     kvz_store_verify_result vr;
-    const double t0 = (double)clock() / CLOCKS_PER_SEC;
+    const clock_t t0 = clock();
     int rc = kvz_store_verify(s, on_problem, NULL, &vr);
-    if (rc) { store_error(rc, "cannot verify %s", path); return store_exit(rc); }
-    const double secs = (double)clock() / CLOCKS_PER_SEC - t0;
-    if (json)
-        printf("{\"ok\": %s, \"docs\": %" PRIu64 ", \"blobs\": %" PRIu64 ", \"records\": %" PRIu64
-               ", \"problems\": %" PRIu64 ", \"cpu_s\": %.3f}\n", vr.n_problems ? "false" : "true",
-               vr.n_docs, vr.n_blobs, vr.n_records, vr.n_problems, secs);
-    else
+    (void)arg;
+    if (rc) return FAIL(rc, "cannot verify %s", path);
+    if (json && dump(kvz_report_verify(&vr, (double)(clock() - t0) / CLOCKS_PER_SEC), "\n")) return EXIT_FAIL;
+    if (!json)
         printf("%s: %" PRIu64 " documents, %" PRIu64 " blobs, %" PRIu64 " records decoded: %s\n",
                E(path), vr.n_docs, vr.n_blobs, vr.n_records, vr.n_problems ? "PROBLEMS" : "ok");
-    if (vr.n_problems) {
-        fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " problem%s found\n", E(path),
-                vr.n_problems, vr.n_problems == 1 ? "" : "s");
-        return EXIT_STORE;
-    }
-    return EXIT_OK;
+    if (!vr.n_problems) return EXIT_OK;
+    fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " problem%s found\n", E(path), vr.n_problems,
+            vr.n_problems == 1 ? "" : "s");
+    return EXIT_STORE;
 }
 
-static int cmd_gc(kvz_store **sp, const char *path, int compact)
+static int cmd_gc(kvz_store *s, const char *path, const char *arg)
 {
-    kvz_store_gc_result g;
-    int rc = kvz_store_gc(*sp, &g);
-    if (rc) { store_error(rc, "gc of %s failed", path); return store_exit(rc); }
-    uint64_t before = 0, after = 0;
-    if (compact) {
-        rc = kvz_store_compact(*sp, &before, &after);
-        if (rc) { store_error(rc, "compacting %s failed (store unchanged)", path); return store_exit(rc); }
-        kvz_store_close(*sp); /* retired by the swap */
-        *sp = NULL;
-    }
-    if (json) {
-        printf("{\"blobs_dropped\": %" PRIu64 ", \"records_dropped\": %" PRIu64
-               ", \"bytes_dropped\": %" PRIu64 ", \"orphan_records\": %" PRIu64
-               ", \"refs_fixed\": %" PRIu64 ", \"prefixes_dropped\": %" PRIu64, g.blobs_dropped,
-               g.records_dropped, g.bytes_dropped, g.orphan_records, g.refs_fixed, g.prefixes_dropped);
-        if (compact) printf(", \"file_bytes_before\": %" PRIu64 ", \"file_bytes_after\": %" PRIu64, before, after);
-        printf("}\n");
-    } else {
-        char b[32];
-        fmt_bytes(g.bytes_dropped, b);
-        printf("gc: dropped %" PRIu64 " unreferenced blobs and %" PRIu64 " orphan records (%" PRIu64
-               " records, %s); fixed %" PRIu64 " refcounts; dropped %" PRIu64 " unreferenced shared "
-               "prefixes\n", g.blobs_dropped, g.orphan_records, g.records_dropped, b, g.refs_fixed,
-               g.prefixes_dropped);
-        if (compact) {
-            char b1[32], b2[32];
-            fmt_bytes(before, b1);
-            fmt_bytes(after, b2);
-            printf("compact: data.mdb %s -> %s\n", b1, b2);
-        }
-    }
+    kvz_store_gc_compact_result r;
+    const kvz_store_gc_result *g = &r.gc;
+    int rc = kvz_store_gc_compact(s, compact, &r);
+    (void)arg;
+    if (rc) return r.gc_done ? FAIL(rc, "compacting %s failed (store unchanged)", path) : FAIL(rc, "gc of %s failed", path);
+    if (json) return dump(kvz_report_gc(&r), "\n");
+    printf("gc: dropped %" PRIu64 " unreferenced blobs and %" PRIu64 " orphan records (%" PRIu64
+           " records, %s); fixed %" PRIu64 " refcounts; dropped %" PRIu64 " unreferenced shared "
+           "prefixes\n", g->blobs_dropped, g->orphan_records, g->records_dropped, B(g->bytes_dropped),
+           g->refs_fixed, g->prefixes_dropped);
+    if (compact) printf("compact: data.mdb %s -> %s\n", B(r.file_bytes_before), B(r.file_bytes_after));
     return EXIT_OK;
 }
 
@@ -517,112 +274,66 @@ static int cmd_salvage(kvz_store *s, const char *path, const char *dst)
 {
     kvz_store_salvage_result r;
     int rc = kvz_store_salvage(s, dst, on_lost, NULL, &r);
-    if (rc) { store_error(rc, "salvage of %s into %s failed", path, dst); return store_exit(rc); }
-    if (json) {
-        printf("{\"store\": ");
-        cli_json_str(stdout, path, strlen(path));
-        printf(", \"into\": ");
-        cli_json_str(stdout, dst, strlen(dst));
-        printf(", \"docs\": %" PRIu64 ", \"copied\": %" PRIu64 ", \"lost\": %" PRIu64
-               ", \"unreadable_stretches\": %" PRIu64 "}\n", r.n_docs, r.n_copied, r.n_lost, r.n_gaps);
-    } else {
+    if (rc) return FAIL(rc, "salvage of %s into %s failed", path, dst);
+    if (json && dump(kvz_report_salvage(path, dst, &r), "\n")) return EXIT_FAIL;
+    if (!json)
         printf("salvage: %" PRIu64 " of %" PRIu64 " documents copied from %s to %s; %" PRIu64 " lost%s\n",
                r.n_copied, r.n_docs, E(path), E(dst), r.n_lost,
                r.n_gaps ? ", and parts of the doc index could not be read (ids unknown)" : "");
-    }
-    if (r.n_lost || r.n_gaps) {
-        if (r.n_copied)
-            fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " document%s lost%s (the rest is in %s)\n",
-                    E(path), r.n_lost, r.n_lost == 1 ? "" : "s",
-                    r.n_gaps ? " and unreadable stretches of the doc index" : "", E(dst));
-        else /* e.g. the shared system prefix every document needs was damaged */
-            fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " document%s lost%s; nothing could be "
-                    "copied, so %s was not created\n", E(path), r.n_lost, r.n_lost == 1 ? "" : "s",
-                    r.n_gaps ? " and unreadable stretches of the doc index" : "", E(dst));
-        return EXIT_STORE;
-    }
+    if (!r.n_lost && !r.n_gaps) return EXIT_OK;
+    fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " document%s lost%s", E(path), r.n_lost,
+            r.n_lost == 1 ? "" : "s", r.n_gaps ? " and unreadable stretches of the doc index" : "");
+    if (r.n_copied) fprintf(stderr, " (the rest is in %s)\n", E(dst));
+    else fprintf(stderr, "; nothing could be copied, so %s was not created\n", E(dst)); /* e.g. a damaged shared prefix */
+    return EXIT_STORE;
+}
+
+static int cmd_stats(kvz_store *s, const char *path, const char *arg)
+{
+    kvz_store_summary t;
+    const kvz_store_stats *st = &t.st;
+    char fp[33] = "(none yet)";
+    int rc = kvz_store_summary_get(s, path, &t);
+    (void)arg;
+    if (rc) return FAIL(rc, "cannot read %s", path);
+    if (json) return dump(kvz_report_summary(path, &t), "\n");
+    if (st->has_model) kvz_store_hex16(st->model_fp, fp);
+    printf("store        %s\nmodel        %s\n", E(path), fp);
+    printf("documents    %" PRIu64 " (%" PRIu64 " tokens)\n", st->n_docs, t.tokens);
+    printf("blobs        %" PRIu64 " (%" PRIu64 " records, %s)\n", st->n_blobs, st->n_records, B(st->bytes_records));
+    printf("KV bytes     full %s, kept %s, stored %s\n", B(t.bytes_kv_full), B(t.bytes_kv_kept), B(st->bytes_records));
+    printf("compression  %.2fx overall (eviction %.2fx, zstd %.2fx; per document, before sharing)\n",
+           R(t.bytes_kv_full, t.bytes_stored_docs), R(t.bytes_kv_full, t.bytes_kv_kept),
+           R(t.bytes_kv_kept, t.bytes_stored_docs));
+    printf("map          %s in use of %s mapped; data.mdb %s; page %u B\nlast txn     %" PRIu64 "\n",
+           B(st->map_used), B(st->map_size), B(t.file_bytes), st->page_size, st->last_txnid);
     return EXIT_OK;
 }
 
-typedef struct {
-    uint64_t tokens, full, kept, stored;
-} totals;
-
-static int tot_cb(void *u, const char *id, const kvz_store_doc_info *in)
+static int cmd_snapshot(kvz_store *s, const char *path, const char *dir)
 {
-    (void)id;
-    totals *t = u;
-    t->tokens += in->n_tokens;
-    t->full += in->bytes_kv_full;
-    t->kept += in->bytes_kv_kept;
-    t->stored += in->bytes_stored;
-    return 0;
-}
-
-static int cmd_stats(kvz_store *s, const char *path)
-{
-    kvz_store_stats st;
-    totals t = {0};
-    int rc = kvz_store_stats_get(s, &st);
-    if (!rc) rc = kvz_store_list(s, tot_cb, &t);
-    if (rc) { store_error(rc, "cannot read %s", path); return store_exit(rc); }
-    char p[4200], fp[33] = "";
-    struct stat fs;
-    snprintf(p, sizeof p, "%s/data.mdb", path);
-    uint64_t file = stat(p, &fs) == 0 ? (uint64_t)fs.st_size : 0;
-    if (st.has_model) hex16(st.model_fp, fp);
-    if (json) {
-        printf("{\"store\": ");
-        cli_json_str(stdout, path, strlen(path));
-        printf(", \"docs\": %" PRIu64 ", \"blobs\": %" PRIu64 ", \"records\": %" PRIu64
-               ", \"tokens\": %" PRIu64 ", \"bytes_kv_full\": %" PRIu64 ", \"bytes_kv_kept\": %" PRIu64
-               ", \"bytes_stored_docs\": %" PRIu64 ", \"bytes_records\": %" PRIu64
-               ", \"compression\": %.3f, \"eviction\": %.3f, \"zstd\": %.3f, \"map_size\": %" PRIu64
-               ", \"map_used\": %" PRIu64 ", \"file_bytes\": %" PRIu64 ", \"page_size\": %u"
-               ", \"last_txnid\": %" PRIu64 ", \"model_fp\": %s%s%s}\n",
-               st.n_docs, st.n_blobs, st.n_records, t.tokens, t.full, t.kept, t.stored,
-               st.bytes_records, ratio_of(t.full, t.stored), ratio_of(t.full, t.kept),
-               ratio_of(t.kept, t.stored), st.map_size, st.map_used, file, st.page_size,
-               st.last_txnid, st.has_model ? "\"" : "", st.has_model ? fp : "null",
-               st.has_model ? "\"" : "");
-    } else {
-        char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
-        fmt_bytes(t.full, b1);
-        fmt_bytes(t.kept, b2);
-        fmt_bytes(st.bytes_records, b3);
-        fmt_bytes(st.map_size, b4);
-        fmt_bytes(st.map_used, b5);
-        fmt_bytes(file, b6);
-        printf("store        %s\n", E(path));
-        printf("model        %s\n", st.has_model ? fp : "(none yet)");
-        printf("documents    %" PRIu64 " (%" PRIu64 " tokens)\n", st.n_docs, t.tokens);
-        printf("blobs        %" PRIu64 " (%" PRIu64 " records, %s)\n", st.n_blobs, st.n_records, b3);
-        printf("KV bytes     full %s, kept %s, stored %s\n", b1, b2, b3);
-        printf("compression  %.2fx overall (eviction %.2fx, zstd %.2fx; per document, before "
-               "sharing)\n", ratio_of(t.full, t.stored), ratio_of(t.full, t.kept),
-               ratio_of(t.kept, t.stored));
-        printf("map          %s in use of %s mapped; data.mdb %s; page %u B\n", b5, b4, b6, st.page_size);
-        printf("last txn     %" PRIu64 "\n", st.last_txnid);
+    int rc = kvz_store_snapshot(s, dir);
+    if (rc == KVZ_ERR_ARG) {
+        fprintf(stderr, "kvzip-store: error: %s (%s)\n", E(kvz_error_detail()), kvz_strerror(rc));
+        return kvz_error_clear(), EXIT_FAIL;
     }
+    if (rc) return FAIL(rc, "snapshot of %s into %s failed (nothing left there)", path, dir);
+    const uint64_t bytes = kvz_store_file_bytes(dir);
+    if (json) return dump(json_pack("{s:o, s:I}", "snapshot", kvz_report_text(dir), "bytes", (json_int_t)bytes), "\n");
+    printf("snapshot: %s -> %s (%s, compacted)\n", E(path), E(dir), B(bytes));
     return EXIT_OK;
 }
 
-/* ========================================================================= */
-
-/* ========================================================================= */
-/* merge, snapshot (docs/SCALE.md)                                             */
-
+/* merge (docs/SCALE.md): the library reports each document, conflict and problem */
 static int on_merge(void *u, int kind, const char *msg)
 {
-    const int *quiet = u;
     if (kind == KVZ_MERGE_DOC) {
-        if (!*quiet && !json) fprintf(stderr, "%s\n", msg);
-    } else if (kind == KVZ_MERGE_CONFLICT) {
-        fprintf(stderr, "kvzip-store: merge: conflict: %s\n", msg);
+        if (!*(const int *)u && !json) fprintf(stderr, "%s\n", msg);
     } else if (kind == KVZ_MERGE_CORPUS && !strncmp(msg, "note: ", 6)) {
         fprintf(stderr, "kvzip-store: merge: warning: %s\n", msg + 6);
     } else {
-        fprintf(stderr, "kvzip-store: merge: %s%s\n", kind == KVZ_MERGE_BAD_BLOB ? "error: " : "", msg);
+        fprintf(stderr, "kvzip-store: merge: %s%s\n", kind == KVZ_MERGE_CONFLICT ? "conflict: "
+                : kind == KVZ_MERGE_BAD_BLOB ? "error: " : "", msg);
     }
     return 0;
 }
@@ -631,82 +342,38 @@ static int cmd_merge(const char **srcs, int n, const char *into, const kvz_merge
 {
     kvz_merge_result r;
     int rc = kvz_store_merge(srcs, (size_t)n, into, o, on_merge, &quiet, &r);
-    if (rc) {
-        if (rc == KVZ_ERR_MODEL || rc == KVZ_ERR_ARG || rc == KVZ_ERR_NOTFOUND) {
-            fprintf(stderr, "kvzip-store: error: %s (%s)\n", kvz_error_detail(), kvz_strerror(rc));
-            kvz_error_clear();
-        } else {
-            cli_error(rc, "merge into %s stopped (documents merged so far stay; rerun to finish)", into);
-        }
+    if (rc == KVZ_ERR_MODEL || rc == KVZ_ERR_ARG || rc == KVZ_ERR_NOTFOUND) {
+        fprintf(stderr, "kvzip-store: error: %s (%s)\n", E(kvz_error_detail()), kvz_strerror(rc));
+        kvz_error_clear();
         return rc == KVZ_ERR_MODEL ? EXIT_MODEL : store_exit(rc);
     }
-    if (r.refused) {
-        if (r.conflicts)
-            fprintf(stderr, "kvzip-store: error: %" PRIu64 " document id%s with different content in "
-                    "two sources; nothing merged (--prefer newest takes the newest ingest)\n",
-                    r.conflicts, r.conflicts == 1 ? "" : "s");
-        else
-            fprintf(stderr, "kvzip-store: error: the sources were made from different corpus "
-                    "listings; nothing merged (re-run the stale shards, or --allow-mixed-corpus)\n");
-        return EXIT_FAIL;
-    }
-    if (json) {
-        printf("{\"into\": ");
-        cli_json_str(stdout, into, strlen(into));
-        printf(", \"docs\": %" PRIu64 ", \"copied\": %" PRIu64 ", \"linked\": %" PRIu64
-               ", \"unchanged\": %" PRIu64 ", \"replaced\": %" PRIu64 ", \"bad\": %" PRIu64
-               ", \"conflicts_resolved\": %" PRIu64 ", \"mixed_corpus\": %s, \"bytes_copied\": %" PRIu64 "}\n",
-               r.n_docs, r.copied, r.linked, r.unchanged, r.replaced, r.bad, r.conflicts,
-               r.mixed_corpus ? "true" : "false", r.bytes_copied);
-    } else {
+    if (rc) return FAIL(rc, "merge into %s stopped (documents merged so far stay; rerun to finish)", into);
+    if (r.refused && r.conflicts)
+        fprintf(stderr, "kvzip-store: error: %" PRIu64 " document id%s with different content in two "
+                "sources; nothing merged (--prefer newest takes the newest ingest)\n", r.conflicts,
+                r.conflicts == 1 ? "" : "s");
+    else if (r.refused)
+        fprintf(stderr, "kvzip-store: error: the sources were made from different corpus listings; "
+                "nothing merged (re-run the stale shards, or --allow-mixed-corpus)\n");
+    if (r.refused || (json && dump(kvz_report_merge(into, &r), "\n"))) return EXIT_FAIL;
+    if (!json)
         printf("merge: %" PRIu64 " documents from %d store%s into %s: %" PRIu64 " copied, %" PRIu64
                " linked, %" PRIu64 " unchanged, %" PRIu64 " replaced, %" PRIu64 " skipped (blob "
                "does not verify), %" PRIu64 " conflicts resolved\n", r.n_docs, n, n == 1 ? "" : "s",
-               into, r.copied, r.linked, r.unchanged, r.replaced, r.bad, r.conflicts);
-    }
-    if (r.bad) {
-        fprintf(stderr, "kvzip-store: error: %" PRIu64 " document%s not merged: %s blob did not verify\n",
-                r.bad, r.bad == 1 ? "" : "s", r.bad == 1 ? "its" : "their");
-        return EXIT_FAIL;
-    }
-    return EXIT_OK;
-}
-
-static int cmd_snapshot(kvz_store *s, const char *path, const char *dir)
-{
-    int rc = kvz_store_snapshot(s, dir);
-    if (rc) {
-        if (rc == KVZ_ERR_ARG) {
-            fprintf(stderr, "kvzip-store: error: %s (%s)\n", kvz_error_detail(), kvz_strerror(rc));
-            kvz_error_clear();
-            return EXIT_FAIL;
-        }
-        cli_error(rc, "snapshot of %s into %s failed (nothing left there)", path, dir);
-        return store_exit(rc);
-    }
-    char p[4200];
-    struct stat fs;
-    snprintf(p, sizeof p, "%s/data.mdb", dir);
-    const uint64_t bytes = stat(p, &fs) == 0 ? (uint64_t)fs.st_size : 0;
-    if (json) {
-        printf("{\"snapshot\": ");
-        cli_json_str(stdout, dir, strlen(dir));
-        printf(", \"bytes\": %" PRIu64 "}\n", bytes);
-    } else {
-        char b[32];
-        fmt_bytes(bytes, b);
-        printf("snapshot: %s -> %s (%s, compacted)\n", path, dir, b);
-    }
-    return EXIT_OK;
+               E(into), r.copied, r.linked, r.unchanged, r.replaced, r.bad, r.conflicts);
+    if (!r.bad) return EXIT_OK;
+    fprintf(stderr, "kvzip-store: error: %" PRIu64 " document%s not merged: %s blob did not verify\n",
+            r.bad, r.bad == 1 ? "" : "s", r.bad == 1 ? "its" : "their");
+    return EXIT_FAIL;
 }
 
 /* `kvzip-store [--json] merge SRC... --into DST ...`: its own argument list. */
 static int main_merge(int argc, char **argv)
 {
-    const char **srcs = calloc((size_t)argc, sizeof *srcs);
-    const char *into = NULL;
+    const char **srcs = calloc((size_t)argc, sizeof *srcs), *into = NULL;
     int n = 0, seen = 0, quiet = 0;
     kvz_merge_opts o = {0, 0};
+    if (!srcs) return FAIL(KVZ_ERR_NOMEM, "merge");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--json")) json = 1;
@@ -729,6 +396,25 @@ static int main_merge(int argc, char **argv)
     return ex;
 }
 
+/* The commands on one store: the usage error when ARG is missing (NULL: they take
+ * none) and how they open the store. */
+#define RO KVZ_STORE_READONLY
+static const struct {
+    const char *name;
+    int (*fn)(kvz_store *s, const char *path, const char *arg);
+    const char *needs;
+    unsigned open;
+} cmds[] = {
+    {"ls", cmd_ls, NULL, RO},
+    {"show", cmd_show, "show needs a document id", RO},
+    {"rm", cmd_rm, "rm needs a document id", 0},
+    {"verify", cmd_verify, NULL, RO},
+    {"gc", cmd_gc, NULL, 0},
+    {"stats", cmd_stats, NULL, RO},
+    {"salvage", cmd_salvage, "salvage needs a new folder DST to copy into", RO | KVZ_STORE_SALVAGE},
+    {"snapshot", cmd_snapshot, "snapshot needs a target folder", RO},
+};
+
 int main(int argc, char **argv)
 {
     cli_init("kvzip-store", argv);
@@ -739,61 +425,36 @@ int main(int argc, char **argv)
         break;
     }
     const char *store_flag = NULL, *cmd = NULL, *arg = NULL;
-    int compact = 0, opts_done = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (opts_done) {
-            if (!cmd) cmd = a;
-            else if (!arg) arg = a;
-            else cli_usage_error("unexpected argument '%s'", E(a));
-        }
-        else if (!strcmp(a, "--")) opts_done = 1;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return EXIT_OK; }
-        else if (!strcmp(a, "--store")) store_flag = cli_value(argc, argv, &i);
-        else if (!strcmp(a, "--json")) json = 1;
-        else if (!strcmp(a, "--compact")) compact = 1;
-        else if (a[0] == '-' && a[1] == '-' && a[2])
+    size_t c = 0;
+    for (int i = 1, ended = 0; i < argc; i++) {
+        const char *a = argv[i], *opt = ended ? "" : a; /* after "--" nothing is an option */
+        if (!strcmp(opt, "--")) ended = 1;
+        else if (!strcmp(opt, "-h") || !strcmp(opt, "--help")) return usage(), EXIT_OK;
+        else if (!strcmp(opt, "--store")) store_flag = cli_value(argc, argv, &i);
+        else if (!strcmp(opt, "--json")) json = 1;
+        else if (!strcmp(opt, "--compact")) compact = 1;
+        else if (opt[0] == '-' && opt[1] == '-' && opt[2])
             cli_usage_error("unknown option '%s' (an id that begins with '-' goes after --)", E(a));
         else if (!cmd) cmd = a;
         else if (!arg) arg = a;
         else cli_usage_error("unexpected argument '%s'", E(a));
     }
     if (!cmd) cli_usage_error("no command given (ls, show, rm, verify, gc, stats, salvage, merge, snapshot)");
-    if (!strcmp(cmd, "snapshot") && !arg) cli_usage_error("snapshot needs a target folder");
-    const int salvage = !strcmp(cmd, "salvage");
-    int needs_id = !strcmp(cmd, "show") || !strcmp(cmd, "rm") || !strcmp(cmd, "snapshot");
-    int known = needs_id || salvage || !strcmp(cmd, "ls") || !strcmp(cmd, "verify") ||
-                !strcmp(cmd, "gc") || !strcmp(cmd, "stats");
-    if (!known) cli_usage_error("unknown command '%s'", E(cmd));
-    if (needs_id && !arg) cli_usage_error("%s needs a document id", cmd);
-    if (salvage && !arg) cli_usage_error("salvage needs a new folder DST to copy into");
-    if (!needs_id && !salvage && arg) cli_usage_error("%s takes no argument, got '%s'", cmd, E(arg));
+    while (c < sizeof cmds / sizeof cmds[0] && strcmp(cmd, cmds[c].name)) c++;
+    if (c == sizeof cmds / sizeof cmds[0]) cli_usage_error("unknown command '%s'", E(cmd));
+    if (cmds[c].needs && !arg) cli_usage_error("%s", cmds[c].needs);
+    if (!cmds[c].needs && arg) cli_usage_error("%s takes no argument, got '%s'", cmd, E(arg));
     if (compact && strcmp(cmd, "gc")) cli_usage_error("--compact goes with gc");
 
     const char *path = cli_store_path(store_flag);
-    const int writes = !strcmp(cmd, "rm") || !strcmp(cmd, "gc");
     kvz_store *s;
-    const unsigned oflags = writes ? 0 : salvage ? KVZ_STORE_READONLY | KVZ_STORE_SALVAGE : KVZ_STORE_READONLY;
-    int rc = kvz_store_open(path, oflags, 0, NULL, &s);
-    if (rc) {
-        if (rc == KVZ_ERR_NOTFOUND) {
-            fprintf(stderr, "kvzip-store: error: no store in %s (give --store DIR or set KVZ_STORE)\n",
-                    E(path));
-            kvz_error_clear();
-        } else {
-            store_error(rc, "cannot open store %s", path);
-        }
-        return store_exit(rc);
+    int rc = kvz_store_open(path, cmds[c].open, 0, NULL, &s);
+    if (rc == KVZ_ERR_NOTFOUND) {
+        fprintf(stderr, "kvzip-store: error: no store in %s (give --store DIR or set KVZ_STORE)\n", E(path));
+        return kvz_error_clear(), EXIT_NOTFOUND;
     }
-    int ex;
-    if (!strcmp(cmd, "ls")) ex = cmd_ls(s, path);
-    else if (!strcmp(cmd, "show")) ex = cmd_show(s, path, arg);
-    else if (!strcmp(cmd, "rm")) ex = cmd_rm(s, path, arg);
-    else if (!strcmp(cmd, "verify")) ex = cmd_verify(s, path);
-    else if (!strcmp(cmd, "gc")) ex = cmd_gc(&s, path, compact);
-    else if (salvage) ex = cmd_salvage(s, path, arg);
-    else if (!strcmp(cmd, "snapshot")) ex = cmd_snapshot(s, path, arg);
-    else ex = cmd_stats(s, path);
+    if (rc) return FAIL(rc, "cannot open store %s", path);
+    const int ex = cmds[c].fn(s, path, arg);
     kvz_store_close(s);
     return ex;
 }

@@ -1,0 +1,75 @@
+/**
+ * @file kvz_store_report.h
+ * @brief The store's reports as JSON objects (jansson): one document's entry and
+ *        full description, store totals, and the results of verify, gc, salvage
+ *        and merge. kvzip-store --json prints exactly these; a server or binding
+ *        that reports on a store can return the same objects.
+ *
+ * Its own library (kvz_store_report, like the evaluation's kvz_eval) because it
+ * links jansson, which libkvzip does not. Every function returns a new reference
+ * (release with json_decref) or NULL when out of memory. Keys keep the order they
+ * are listed in here (jansson keeps insertion order). Strings that are not valid
+ * UTF-8 (ids and paths are bytes) carry U+FFFD for each bad byte. Figures that are
+ * ratios are rounded as the reports have always printed them: a kept ratio to 4
+ * decimals, compression and seconds to 3; dump with JSON_REAL_PRECISION(15) (or
+ * less) to print them short.
+ */
+#ifndef KVZ_STORE_REPORT_H
+#define KVZ_STORE_REPORT_H
+
+#include <jansson.h>
+
+#include "kvz_store.h"
+#include "kvz_store_admin.h"
+#include "kvz_store_merge.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** A JSON string of the bytes of @p s: valid UTF-8 as is, every byte that is not
+ *  part of a valid UTF-8 sequence as U+FFFD. */
+json_t *kvz_report_text(const char *s);
+
+/** One document's entry (kvzip-store ls): id, tokens, ratio, mode, bytes_stored,
+ *  bytes_kv_full, bytes_kv_kept, compression (full / stored), records, hash,
+ *  ingest_time, date (UTC), source. */
+json_t *kvz_report_doc(const char *id, const kvz_store_doc_info *in);
+
+/** Everything about one document (kvzip-store show): id, source, hash, tokens,
+ *  ingest_time, date, records, bytes_stored, bytes_kv_full, bytes_kv_kept,
+ *  compression, and "blob": model_fp, n_layer, n_head, n_kv_head, head_dim, dtype,
+ *  mode, prefix_policy, ratio, chunk, overlap, n_prefix, n_context, pairs_kept,
+ *  context_pairs, context_pairs_kept, kept_per_head_min, kept_per_head_max,
+ *  bytes_raw, bytes_records, meta_record_bytes, and "layers": per layer {layer,
+ *  kept, heads: [kept per KV head], bytes_raw, bytes_record}. */
+json_t *kvz_report_doc_detail(const char *id, const kvz_store_doc_detail *d);
+
+/** Store totals (kvzip-store stats) of the store in folder @p dir: store, docs,
+ *  blobs, records, tokens, bytes_kv_full, bytes_kv_kept, bytes_stored_docs,
+ *  bytes_records, compression (full / stored), eviction (full / kept), zstd (kept /
+ *  stored), map_size, map_used, file_bytes, page_size, last_txnid, model_fp (hex or
+ *  null when no document was stored yet). */
+json_t *kvz_report_summary(const char *dir, const kvz_store_summary *s);
+
+/** kvz_store_verify()'s result: ok (no problems), docs, blobs, records, problems,
+ *  and cpu_s, the CPU seconds the caller measured. */
+json_t *kvz_report_verify(const kvz_store_verify_result *r, double cpu_s);
+
+/** kvz_store_gc_compact()'s result: blobs_dropped, records_dropped, bytes_dropped,
+ *  orphan_records, refs_fixed, prefixes_dropped; with a compaction also
+ *  file_bytes_before and file_bytes_after. */
+json_t *kvz_report_gc(const kvz_store_gc_compact_result *r);
+
+/** kvz_store_salvage()'s result for store @p src copied into @p dst: store, into,
+ *  docs, copied, lost, unreadable_stretches. */
+json_t *kvz_report_salvage(const char *src, const char *dst, const kvz_store_salvage_result *r);
+
+/** kvz_store_merge()'s result into @p into: into, docs, copied, linked, unchanged,
+ *  replaced, bad, conflicts_resolved, mixed_corpus (boolean), bytes_copied. */
+json_t *kvz_report_merge(const char *into, const kvz_merge_result *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVZ_STORE_REPORT_H */
