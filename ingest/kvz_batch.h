@@ -13,8 +13,9 @@
  * the CPU submits are queued and computed several short documents per pass.
  *
  * Library code: nothing prints; outcomes reach the caller through
- * kvz_batch_fn, in submission order. One thread drives a batch; the callbacks
- * may run on the pipeline's threads, never two at once.
+ * kvz_batch_fn, in submission order. One thread drives a batch, and every
+ * callback runs on it, inside kvz_batch_add / kvz_batch_drain / kvz_batch_close
+ * (the pipeline's done callbacks run on the submitting thread).
  */
 #ifndef KVZ_BATCH_H
 #define KVZ_BATCH_H
