@@ -503,10 +503,13 @@ int main(int argc, char **argv)
         cli_usage_error("%s", kvz_error_detail());
     }
     int ex = resolve_gpus(&a);
-    if (ex) return ex;
-    if (a.dev_ordinal >= 0 && !a.workers) { /* before anything touches CUDA */
+    if (!ex && a.dev_ordinal >= 0 && !a.workers) { /* before anything touches CUDA */
         int rcd = kvz_device_select(a.dev_ordinal);
-        if (rcd) { cli_error(rcd, "--device %s", a.device_str); return EXIT_MODEL; }
+        if (rcd) { cli_error(rcd, "--device %s", a.device_str); ex = EXIT_MODEL; }
+    }
+    if (ex) {
+        free(inputs);
+        return ex;
     }
     if (a.id && ni != 1) cli_usage_error("--id takes exactly one FILE argument");
     if (claims) {
