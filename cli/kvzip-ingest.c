@@ -12,7 +12,6 @@
 #include "cli_util.h"
 #include "kvz_batch.h"
 #include "kvz_error.h"
-#include "kvz_generate.h"
 #include "kvz_kvrow.h"
 #include "kvz_workers.h"
 
@@ -106,7 +105,6 @@ static _Noreturn void oom(void)
 
 /* ---- the library's reports, printed ---- */
 static int g_bar, g_lines; /* progress bar on stderr (a tty); one line per part */
-static double g_t0;
 
 static void on_corpus(void *user, const kvz_corpus_event *e)
 {
@@ -159,13 +157,13 @@ static void on_batch(void *user, const kvz_batch_event *e)
                 e->res->seconds);
 }
 
-static void on_progress(void *user, const char *id, int64_t cur, int64_t total)
+static void on_progress(void *user, const char *id, int64_t cur, int64_t total, double el)
 {
     (void)user;
     if (!g_bar) return;
     char name[64], bar[31];
     snprintf(name, sizeof name, "%s", cli_escape(id));
-    const double el = kvz_now() - g_t0, rate = el > 0 ? cur / el : 0;
+    const double rate = el > 0 ? cur / el : 0;
     const double frac = total ? (double)cur / (double)total : 0, eta = rate > 0 ? (total - cur) / rate : 0;
     for (int i = 0, fill = (int)(frac * 30); i < 30; i++) bar[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
     bar[30] = 0;
@@ -327,39 +325,20 @@ static kvz_batch_opts batch_opts(const ingest_args *a)
 
 static int ingest_local(kvz_corpus *c, const ingest_args *a)
 {
-    int ex;
+    int ex, ran;
     kvz_model *m = load_model(a, a->device, &ex);
     if (!m) return ex;
-    kvz_batch_opts bo = batch_opts(a);
-    kvz_tokens *toks = calloc(c->n ? c->n : 1, sizeof *toks);
-    if (!toks || kvz_corpus_tokenize(c, kvz_model_tokenizer(m), kvz_batch_max_part(m, bo.part_tokens), toks,
-                                     &bo.total_tokens) < 0)
-        oom();
-    int any = 0;
-    for (size_t i = 0; i < c->n; i++) any |= c->v[i].usable;
-    ex = c->failed || c->collisions ? EXIT_FAIL : 0;
-    if (!c->collisions && any) { /* with nothing left to store, no store is created */
-        kvz_batch *b;
-        kvz_batch_stats s;
-        g_bar = isatty(2) && !a->quiet && !a->json;
-        g_lines = !a->quiet && !a->json;
-        g_t0 = kvz_now();
-        const int rc = kvz_batch_open(m, &bo, &b);
-        if (rc) {
-            cli_error(rc, "cannot open store %s", bo.store_path);
-            ex = cli_store_exit(rc);
-        } else {
-            kvz_batch_add_corpus(b, c, toks); /* stops when the store cannot take more */
-            kvz_batch_close(b, &s);
-            print_summary(bo.store_path, c->n, &s, c->failed + s.failed, c->skipped, a->o.kp.ratio, a->json,
-                          a->quiet);
-            ex = c->failed + s.failed ? EXIT_FAIL : 0;
-        }
-    }
-    for (size_t i = 0; i < c->n; i++) kvz_tokens_free(&toks[i]);
-    free(toks);
+    const kvz_batch_opts bo = batch_opts(a);
+    kvz_batch_stats s;
+    g_bar = isatty(2) && !a->quiet && !a->json;
+    g_lines = !a->quiet && !a->json;
+    const int rc = kvz_batch_run(m, c, &bo, &s, &ran);
+    if (rc == KVZ_ERR_NOMEM) oom();
+    if (rc) cli_error(rc, "cannot open store %s", bo.store_path);
+    if (ran)
+        print_summary(bo.store_path, c->n, &s, c->failed + s.failed, c->skipped, a->o.kp.ratio, a->json, a->quiet);
     kvz_model_free(m);
-    return ex;
+    return rc ? cli_store_exit(rc) : c->failed || c->collisions || s.failed ? EXIT_FAIL : 0;
 }
 
 /* Workers ingest at once, so the part-id check of each document (kvz_batch_add) cannot

@@ -55,7 +55,7 @@ static int batch_progress(void *ctx, int64_t done, int64_t total)
 {
     kvz_batch *b = ctx;
     (void)total;
-    if (b->o.progress) b->o.progress(b->o.user, b->cur, b->base + done, b->o.total_tokens);
+    if (b->o.progress) b->o.progress(b->o.user, b->cur, b->base + done, b->o.total_tokens, kvz_now() - b->t0);
     return 0;
 }
 
@@ -219,4 +219,28 @@ void kvz_batch_close(kvz_batch *b, kvz_batch_stats *stats)
     if (stats) *stats = b->s;
     kvz_store_close(b->st);
     free(b);
+}
+
+int kvz_batch_run(kvz_model *m, kvz_corpus *c, const kvz_batch_opts *o, kvz_batch_stats *stats, int *ran)
+{
+    *ran = 0;
+    *stats = (kvz_batch_stats){0};
+    kvz_batch_opts bo = *o;
+    kvz_tokens *toks = calloc(c->n ? c->n : 1, sizeof *toks);
+    if (!toks) return KVZ_ERR_NOMEM;
+    int rc = kvz_corpus_tokenize(c, kvz_model_tokenizer(m), kvz_batch_max_part(m, o->part_tokens), toks,
+                                 &bo.total_tokens);
+    int any = 0;
+    for (size_t i = 0; i < c->n; i++) any |= c->v[i].usable;
+    if (rc == 0 && any) { /* with nothing left to store, no store is created */
+        kvz_batch *b;
+        if ((rc = kvz_batch_open(m, &bo, &b)) == 0) {
+            kvz_batch_add_corpus(b, c, toks); /* stops when the store cannot take more */
+            kvz_batch_close(b, stats);
+            *ran = 1;
+        }
+    }
+    for (size_t i = 0; i < c->n; i++) kvz_tokens_free(&toks[i]);
+    free(toks);
+    return rc > 0 ? 0 : rc; /* collisions (> 0) were reported and counted in c */
 }

@@ -64,8 +64,9 @@ typedef struct kvz_batch_event {
 } kvz_batch_event;
 
 typedef void (*kvz_batch_fn)(void *user, const kvz_batch_event *ev);
-/** Progress: @p done of @p total tokens (both passes, the whole batch), working on part @p id. */
-typedef void (*kvz_batch_progress_fn)(void *user, const char *id, int64_t done, int64_t total);
+/** Progress: @p done of @p total tokens (both passes, the whole batch) after @p seconds
+ *  (since the pipeline started), working on part @p id. */
+typedef void (*kvz_batch_progress_fn)(void *user, const char *id, int64_t done, int64_t total, double seconds);
 
 typedef struct kvz_batch_opts {
     kvz_ingest_opts ingest;     /**< kvz_ingest_defaults, then the caller's settings; its
@@ -118,6 +119,18 @@ int kvz_batch_stopped(const kvz_batch *b);
 
 /** The store the batch writes (owned by the batch). */
 kvz_store *kvz_batch_store(kvz_batch *b);
+
+/**
+ * A read corpus into one store, in this process: tokenize every usable
+ * document of @p c with @p m (kvz_corpus_tokenize: its reports go to c's
+ * callback, o->total_tokens is set from it), then, when no id collides and some
+ * document is left, open the store (kvz_batch_open), add them all
+ * (kvz_batch_add_corpus) and close it.
+ * @param ran    out: 1 when the store was opened and the documents submitted
+ *               (*stats then holds the run's figures), else 0 (*stats zero).
+ * @return 0; the kvz_store_open error (*ran 0); KVZ_ERR_NOMEM.
+ */
+int kvz_batch_run(kvz_model *m, kvz_corpus *c, const kvz_batch_opts *o, kvz_batch_stats *stats, int *ran);
 
 /** Wait for the last commits (and their prunes), close the store, fill *stats
  *  (may be NULL) and free the batch. NULL is a no-op that zeroes *stats. */
