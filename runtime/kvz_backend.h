@@ -37,6 +37,12 @@ typedef struct kvz_repeat_chunk {
     int32_t n, c0, c1;
 } kvz_repeat_chunk;
 
+/** One run of cached keys to re-rotate (kv_shift): rows [row0, row0 + n) of head
+ *  segment @p lh (layer * n_kv_head + head), by the angles of row @p doc of the tables. */
+typedef struct kvz_kv_shift_seg {
+    int32_t lh, row0, n, doc;
+} kvz_kv_shift_seg;
+
 typedef struct kvz_backend {
     const char *name;     /**< "cpu", "cuda" */
     int32_t device;       /**< KVZ_DEVICE_CPU / KVZ_DEVICE_CUDA */
@@ -89,14 +95,25 @@ typedef struct kvz_backend {
     int (*host_alloc)(void **p, size_t bytes);
     void (*host_free)(void *p);
 
-    /* ---- stored caches into the device cache (kvz_cuda_loader.h protocol;
-     * NULL on the CPU backend, whose loader writes the host arrays) ---------- */
+    /* ---- stored caches into the device cache (the protocol of kernels/kvz_cuda_loader.h:
+     * slots, layer uploads, waits, finish; NULL on the CPU backend, whose loader writes
+     * the host arrays) ------------------------------------------------------- */
+    int32_t load_max_slots; /**< most pinned slots load_slots gives (0 on the CPU) */
     int (*load_slots)(kvz_model *m, size_t slot_bytes, int nslot, void **slots);
     int (*load_layer)(kvz_kv *kv, int32_t layer, int slot, int dtype, const uint32_t *counts, int32_t row0,
                       size_t k_off, size_t v_off, size_t pos_off, size_t bytes);
     int (*load_wait)(kvz_model *m, int slot);
     int (*load_finish)(kvz_model *m);
     void (*load_release)(kvz_model *m);
+    /** Composition (docs/MULTIDOC.md): stored rows src_row[h] .. + rows[h] of slot @p slot
+     *  into cache rows dst_row[h] .. of each head (kernels/kvz_rope_shift_cuda.h). */
+    int (*load_rows)(kvz_kv *kv, int32_t layer, int slot, int dtype, const uint32_t *src_row,
+                     const uint32_t *rows, const uint32_t *dst_row, size_t k_off, size_t v_off,
+                     size_t pos_off, size_t bytes);
+    /** Re-rotate @p n_seg runs of keys by the host angle tables @p cs, @p sn (n_doc,
+     *  head_dim/2) times @p key_scale, push the lengths and wait (the cache is ready). */
+    int (*kv_shift)(kvz_kv *kv, const kvz_kv_shift_seg *segs, int n_seg, const float *cs,
+                    const float *sn, int n_doc, float key_scale);
 } kvz_backend;
 
 /** The backend for @p device (KVZ_DEVICE_CPU, KVZ_DEVICE_CUDA, or KVZ_DEVICE_AUTO: CUDA

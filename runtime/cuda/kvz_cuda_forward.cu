@@ -9,6 +9,8 @@
  * gate|up GEMVs (and the LM head), silu(g)·u in the gate|up GEMV's epilogue, rope
  * fused with the k/v write (kvz_cuda_linear_rmsnorm*, kvz_cuda_rope_kv_append,
  * kvz_cuda_rope_outbuf_write).
+ * The LongFlow victim is chosen inside the decode attention kernel of step t and
+ * read on the device by step t+1's write: no host round trip.
  */
 #include "kvz_cuda_impl.cuh"
 
