@@ -1,6 +1,7 @@
 /**
  * @file kvz_backend.h
- * @brief The runtime's device backends behind one table (internal to kvzip).
+ * @brief The runtime's device backends behind one table. A module header of runtime/
+ *        (like kvz_model.h: ingest uses it), not part of the public API (include/kvzip.h).
  *
  * A model runs on one backend, chosen once when it is created (kvz_backend_pick,
  * runtime/kvz_backend.c: the one place that knows which backends this build has).
@@ -36,6 +37,9 @@ extern "C" {
 typedef struct kvz_repeat_chunk {
     int32_t n, c0, c1;
 } kvz_repeat_chunk;
+
+/** Upper bound of any backend's load_max_slots (arrays of slots can be sized by it). */
+#define KVZ_BACKEND_MAX_LOAD_SLOTS 16
 
 /** One run of cached keys to re-rotate (kv_shift): rows [row0, row0 + n) of head
  *  segment @p lh (layer * n_kv_head + head), by the angles of row @p doc of the tables. */
@@ -98,7 +102,7 @@ typedef struct kvz_backend {
     /* ---- stored caches into the device cache (the protocol of kernels/kvz_cuda_loader.h:
      * slots, layer uploads, waits, finish; NULL on the CPU backend, whose loader writes
      * the host arrays) ------------------------------------------------------- */
-    int32_t load_max_slots; /**< most pinned slots load_slots gives (0 on the CPU) */
+    int32_t load_max_slots; /**< most pinned slots load_slots gives, <= KVZ_BACKEND_MAX_LOAD_SLOTS (0 on the CPU) */
     int (*load_slots)(kvz_model *m, size_t slot_bytes, int nslot, void **slots);
     int (*load_layer)(kvz_kv *kv, int32_t layer, int slot, int dtype, const uint32_t *counts, int32_t row0,
                       size_t k_off, size_t v_off, size_t pos_off, size_t bytes);

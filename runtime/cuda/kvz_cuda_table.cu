@@ -11,6 +11,8 @@ static_assert(sizeof(kvz_kv_shift_seg) == sizeof(kvz_cuda_shift_seg) &&
                   offsetof(kvz_kv_shift_seg, doc) == offsetof(kvz_cuda_shift_seg, doc),
               "shift segment layouts differ");
 
+static_assert(KVZ_CUDA_LOAD_MAX_SLOTS <= KVZ_BACKEND_MAX_LOAD_SLOTS, "loader slots");
+
 static int kv_shift(kvz_kv *kv, const kvz_kv_shift_seg *segs, int n_seg, const float *cs, const float *sn,
                     int n_doc, float key_scale)
 {
