@@ -43,7 +43,7 @@
 #include "kvz_generate.h"
 #include "kvz_kvzip.h"
 #include "kvz_model.h"
-#include "kvz_model_impl.h"
+#include "kvz_cuda_backend.h"
 
 #define DIE(...) do { fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 #define API(call)                                                                          \

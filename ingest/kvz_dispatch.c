@@ -1,6 +1,7 @@
 /* kvz_dispatch.c — worker processes for kvzip-ingest --workers / --gpus (kvz_dispatch.h). */
 #include "kvz_dispatch.h"
 
+#include "kvz_backend.h" /* kvz_backend_gpu_count */
 #include "kvz_error.h"
 
 #include <errno.h>
@@ -316,16 +317,4 @@ void kvz_claims_close(kvz_claims *c)
     free(c);
 }
 
-#ifdef KVZ_HAVE_CUDA
-int kvz_cuda_device_count(int *n); /* kernels/misc.cu */
-#endif
-
-int kvz_dispatch_gpu_count(int *n)
-{
-    *n = 0;
-#ifdef KVZ_HAVE_CUDA
-    return kvz_cuda_device_count(n);
-#else
-    return kvz_error_set(KVZ_ERR_NODEV, "this build has no CUDA backend");
-#endif
-}
+int kvz_dispatch_gpu_count(int *n) { return kvz_backend_gpu_count(n); }

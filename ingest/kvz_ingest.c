@@ -7,9 +7,7 @@
 #include "kvz_error.h"
 #include "kvz_generate.h"
 #include "kvz_kvrow.h"
-#ifdef KVZ_HAVE_CUDA
-#include "kvz_model_impl.h" /* kvz_cuda_kvzip_select: selection + compaction on the device */
-#endif
+#include "kvz_backend.h" /* kvzip_select, kv_export_layer: selection, compaction, export on the device */
 
 /* Positions past the document: the repeat pass uses up to chunk + ~64 of them;
  * questions and answers reuse the same positions afterwards, so they get about as
@@ -276,13 +274,12 @@ static int finish_doc(kvz_model *m, kvz_store *st, const char *doc_id, const kvz
     }
 
     int64_t kept;
-#ifdef KVZ_HAVE_CUDA
-    if (compact) { /* the cache then holds only kept rows */
-        kept = kvz_cuda_kvzip_select(kv, n_prefix, n_ctx, o->kp.ratio, o->kp.mode, keep, counts);
-    } else
-#endif
-        kept = compact ? kvz_error_set(KVZ_ERR_ARG, "ingest: no scores")
-                       : kvz_kvzip_select(scores, c->n_layer, H, n_ctx, o->kp.ratio, o->kp.mode, keep, counts);
+    const kvz_backend *be = kvz_model_backend(m);
+    if (compact) /* the cache then holds only kept rows */
+        kept = be->kvzip_select ? be->kvzip_select(kv, n_prefix, n_ctx, o->kp.ratio, o->kp.mode, keep, counts)
+                                : kvz_error_set(KVZ_ERR_ARG, "ingest: no scores");
+    else
+        kept = kvz_kvzip_select(scores, c->n_layer, H, n_ctx, o->kp.ratio, o->kp.mode, keep, counts);
     if (kept < 0) {
         rc = (int)kept;
         goto free_work;
@@ -299,13 +296,12 @@ static int finish_doc(kvz_model *m, kvz_store *st, const char *doc_id, const kvz
     const int32_t skip = shared ? n_prefix : 0; /* prefix rows live in the prefix blob */
     for (int l = 0; l < c->n_layer && !rc; l++) {
         size_t row = 0, len = 0;
-#ifdef KVZ_HAVE_CUDA
         if (compact) { /* the compacted device cache holds exactly prefix + kept rows per head:
                           converted on the GPU, one pinned copy per layer */
             const uint32_t *dp;
             const void *dk, *dv;
             const int quant = o->dtype > KVZ_DTYPE_BF16; /* q8/q4: fp32 rows, quantised here */
-            rc = kvz_cuda_kv_export_layer(kv, l, quant ? KVZ_DTYPE_F32 : o->dtype, &dp, &dk, &dv);
+            rc = be->kv_export_layer(kv, l, quant ? KVZ_DTYPE_F32 : o->dtype, &dp, &dk, &dv);
             size_t n = 0;
             for (int h = 0; h < H; h++) n += skip + counts[(size_t)l * H + h];
             if (!rc && quant) {
@@ -330,7 +326,6 @@ static int finish_doc(kvz_model *m, kvz_store *st, const char *doc_id, const kvz
             srec[l] = (kvz_store_rec){recs[l], len};
             continue;
         }
-#endif
         for (int h = 0; h < H && !rc; h++) {
             if ((rc = kvz_kv_get_head(kv, l, h, kf, vf, pf))) break;
             const uint8_t *kp = keep + ((size_t)l * H + h) * n_ctx;
@@ -380,10 +375,8 @@ static int compute_doc(kvz_model *m, kvz_store *st, const char *doc_id, const in
     const int64_t cap = kvz_kvzip_cache_rows(m, n_prefix, n_ctx, &o->kp);
     if (cap < 0) rc = (int)cap;
     if (!rc) rc = kvz_kv_create(m, cap, 0, &kv);
-    int compact = 0; /* device: scores stay there; top-k and compaction on the GPU */
-#ifdef KVZ_HAVE_CUDA
-    compact = kvz_model_device(m) == KVZ_DEVICE_CUDA;
-#endif
+    /* device: scores stay there; top-k and compaction on the GPU */
+    const int compact = kvz_model_backend(m)->kvzip_select != NULL;
     if (rc) {
     } else if (d->have_prefix) {
         /* stored prefix rows, then prefill only the context and score it */

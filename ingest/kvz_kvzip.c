@@ -7,9 +7,7 @@
 
 #include "kvz_error.h"
 #include "kvz_generate.h"
-#ifdef KVZ_HAVE_CUDA
-#include "kvz_model_impl.h" /* kvz_cuda_kvzip_repeat: the device scoring pass */
-#endif
+#include "kvz_backend.h" /* kvzip_repeat: the device scoring pass, where the backend has one */
 
 void kvz_kvzip_defaults(kvz_kvzip_params *p)
 {
@@ -70,9 +68,7 @@ int32_t kvz_kvzip_passes(const kvz_model *m, int32_t n_ctx, const kvz_kvzip_para
 
     const int32_t n_chunks = (n_ctx + p->chunk - 1) / p->chunk;
     int32_t budget = 0;
-#ifdef KVZ_HAVE_CUDA
-    if (kvz_model_device(m) == KVZ_DEVICE_CUDA) budget = p->repeat_rows;
-#endif
+    if (kvz_model_backend(m)->kvzip_repeat) budget = p->repeat_rows; /* batched device passes */
     int64_t left = 0, longest = 0;
     for (int32_t c = 0; c < n_chunks; c++) left += repeat_len(n_ctx, c, p, instr, post);
     /* as few passes as the budget allows, as even as the chunk boundaries allow */
@@ -209,8 +205,8 @@ int kvz_kvzip_score_chunks(kvz_model *m, kvz_kv *kv, int32_t n_prefix, const int
     int rc = n_pass < 0 ? n_pass : 0;
     kvz_tokens rin = {0};
 
-#ifdef KVZ_HAVE_CUDA
-    if (kvz_model_device(m) == KVZ_DEVICE_CUDA) {
+    const kvz_backend *be = kvz_model_backend(m);
+    if (be->kvzip_repeat) {
         /* device: the chunks of a pass run as one batch; fused score kernels per layer */
         kvz_repeat_chunk *ch = malloc(sizeof *ch * (size_t)n_chunks);
         if (!ch) rc = KVZ_ERR_NOMEM;
@@ -225,7 +221,7 @@ int kvz_kvzip_score_chunks(kvz_model *m, kvz_kv *kv, int32_t n_prefix, const int
                 ch[nc].c1 = ch[nc].c0 + p->chunk < n_ctx ? ch[nc].c0 + p->chunk : n_ctx;
                 done += ch[nc].c1 - ch[nc].c0 + 32;
             }
-            if (!rc) rc = kvz_cuda_kvzip_repeat(m, kv, rin.ids, ch, nc, n_all, n_prefix, scores, n_ctx);
+            if (!rc) rc = be->kvzip_repeat(m, kv, rin.ids, ch, nc, n_all, n_prefix, scores, n_ctx);
             if (!rc && progress) rc = progress(progress_ctx, done < total ? done : total, total);
         }
         free(ch);
@@ -233,7 +229,6 @@ int kvz_kvzip_score_chunks(kvz_model *m, kvz_kv *kv, int32_t n_prefix, const int
         free(first);
         return rc;
     }
-#endif
     /* CPU: the repeat pass's own attention scores the chunk (kvz_kv_probe) */
     if (!rc && !scores) rc = kvz_error_set(KVZ_ERR_ARG, "kvzip: the CPU backend needs a score array");
     for (int32_t t = 0; t < n_chunks && !rc; t++) {

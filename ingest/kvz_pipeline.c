@@ -12,10 +12,7 @@
 #include "kvz_error.h"
 #include "kvz_generate.h"
 #include "kvz_kvdtype.h"
-#ifdef KVZ_HAVE_CUDA
-#include "kvz_cuda_loader.h"
-#include "kvz_model_impl.h"
-#endif
+#include "kvz_backend.h" /* the device's KVzip selection, export and pinned memory */
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
@@ -68,6 +65,7 @@ struct kvz_pipeline {
     kvz_pipeline_done_fn done_fn;
     void *done_ctx;
     int gpu;
+    const kvz_backend *be; /* the model's */
     int n_layer, n_kv, hd;
     pthread_mutex_t mu;
     pthread_cond_t cv;       /* any state change */
@@ -276,9 +274,8 @@ int kvz_pipeline_create(kvz_model *m, kvz_store *st, const kvz_ingest_opts *o, i
     p->hd = c->head_dim;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
-#ifdef KVZ_HAVE_CUDA
-    p->gpu = kvz_model_device(m) == KVZ_DEVICE_CUDA;
-#endif
+    p->be = kvz_model_backend(m);
+    p->gpu = p->be->kvzip_select != NULL; /* the backend scores, selects and exports on its device */
     if (!p->gpu) {
         *out = p;
         return 0;
@@ -325,7 +322,6 @@ static void fail_job(job *j, int rc)
     j->pending = 0;
 }
 
-#ifdef KVZ_HAVE_CUDA
 /* score, select and export on the GPU into a pipeline buffer (calling thread) */
 static int gpu_part(kvz_pipeline *p, job *j, const int32_t *all, int32_t n_prefix, const int32_t *ctx, int32_t n_ctx)
 {
@@ -341,7 +337,7 @@ static int gpu_part(kvz_pipeline *p, job *j, const int32_t *all, int32_t n_prefi
     rc = kvz_kvzip_score(p->m, kv, all, n_prefix, ctx, n_ctx, &o->kp, NULL, o->progress, o->progress_ctx);
     int64_t kept = 0;
     if (!rc) {
-        kept = kvz_cuda_kvzip_select(kv, n_prefix, n_ctx, o->kp.ratio, o->kp.mode, NULL, j->counts);
+        kept = p->be->kvzip_select(kv, n_prefix, n_ctx, o->kp.ratio, o->kp.mode, NULL, j->counts);
         if (kept < 0) rc = (int)kept;
     }
     if (rc) {
@@ -364,11 +360,11 @@ static int gpu_part(kvz_pipeline *p, job *j, const int32_t *all, int32_t n_prefi
     /* pinned staging of one layer: grown rarely (pinning costs ~0.7 s/GB), so the rows of
      * a whole document go to ordinary (pageable, reused) memory from there */
     if (p->pin_bytes < layer_max) {
-        kvz_cuda_host_free(p->pin);
+        p->be->host_free(p->pin);
         p->pin = NULL;
         p->pin_bytes = 0;
         const size_t want = layer_max + layer_max / 2 > ((size_t)64 << 20) ? layer_max + layer_max / 2 : (size_t)64 << 20;
-        if ((rc = kvz_cuda_host_alloc(&p->pin, want))) {
+        if ((rc = p->be->host_alloc(&p->pin, want))) {
             kvz_kv_free(kv);
             return rc;
         }
@@ -398,7 +394,7 @@ static int gpu_part(kvz_pipeline *p, job *j, const int32_t *all, int32_t n_prefi
         const uint64_t k = kvz_blob_layer_kept(&j->bm, (uint32_t)l) + (uint64_t)j->skip * p->n_kv;
         const size_t kb = al256((size_t)k * rb), lb = 2 * kb + (size_t)k * 4;
         uint8_t *pin = p->pin, *d = (uint8_t *)b->p + j->off[l];
-        rc = kvz_cuda_kv_export_layer_to(kv, l, o->dtype, pin, pin + kb, (uint32_t *)(pin + 2 * kb));
+        rc = p->be->kv_export_layer_to(kv, l, o->dtype, pin, pin + kb, (uint32_t *)(pin + 2 * kb));
         const long nblk = (long)((lb + ((size_t)1 << 20) - 1) >> 20);
 #pragma omp parallel for schedule(static) if (nblk > 4)
         for (long i = 0; i < nblk; i++) {
@@ -419,7 +415,6 @@ fail:
     j->pending = j->n_task;
     return 0;
 }
-#endif
 
 static void cpu_done(kvz_pipeline *p, const char *doc_id, int rc, const kvz_ingest_result *res, void *user)
 {
@@ -617,9 +612,7 @@ int kvz_pipeline_submit_part(kvz_pipeline *p, const char *doc_id, const char *so
             const int have_prefix = j->skip ? kvz_store_has_prefix(p->st, j->phash) : 1;
             if (have_prefix < 0) rc = have_prefix;
             else if (!have_prefix) j->n_task = 2 * (p->n_layer + 1); /* its records go with this document */
-#ifdef KVZ_HAVE_CUDA
             if (!rc) rc = gpu_part(p, j, all.ids, n_prefix, ctx, n_ctx);
-#endif
         }
     }
     kvz_tokens_free(&all);
@@ -665,9 +658,7 @@ void kvz_pipeline_free(kvz_pipeline *p)
         job_free(p, j);
     }
     for (int i = 0; i < KVZ_PIPELINE_DEPTH; i++) free(p->bufs[i].p);
-#ifdef KVZ_HAVE_CUDA
-    kvz_cuda_host_free(p->pin);
-#endif
+    if (p->pin) p->be->host_free(p->pin);
     free(p->cq);
     free(p->workers);
     pthread_mutex_destroy(&p->mu);

@@ -8,7 +8,8 @@
  * list of segments: up to 3 cache row ranges of head h plus the output buffer.
  * On Hopper builds (sm_90a) fattn_sm90.cu takes FA_OUT and FA_SCORE; this kernel
  * remains for FA_STATS, other GPUs and KVZ_CUDA_FA=mma. */
-#include "fattn.cuh"
+#include "kvz_cuda_common.cuh"
+#include "mma.cuh"
 #include "fattn_common.cuh"
 
 #define FA_BM 64

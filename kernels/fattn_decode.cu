@@ -19,7 +19,7 @@
 #include <float.h>
 #include <limits.h>
 
-#include "fattn_decode.cuh"
+#include "kvz_cuda_common.cuh"
 #include "mma.cuh"
 
 #define DEC_BN 64

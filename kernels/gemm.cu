@@ -5,7 +5,7 @@
 
 #include <cublas_v2.h>
 
-#include "gemm.cuh"
+#include "kvz_cuda_common.cuh"
 
 #define TRY_K(call)                 \
     do {                            \

@@ -1,5 +1,5 @@
 /* Writes into the head-major KV cache. Rows are hd bf16 = hd/8 16-byte vectors. */
-#include "kvcache.cuh"
+#include "kvz_cuda_common.cuh"
 
 typedef uint4 vec16; /* 8 bf16 */
 

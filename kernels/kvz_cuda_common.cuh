@@ -1,4 +1,6 @@
-/* Shared helpers for the kvzip CUDA kernels (internal, not installed). */
+/* Shared helpers for CUDA code over the op library: the kernels here and the
+ * runtime's CUDA backend (runtime/cuda/, which launches a few kernels of its own).
+ * Part of kernels/' interface for CUDA sources, with kvz_cuda.h; not installed. */
 #pragma once
 
 #include <cuda_bf16.h>

@@ -15,8 +15,11 @@
  *   - kvz_cuda_rope_shift_rows(): the kernel over segments of a head-major bf16
  *     array (device pointers; what tests/gpu/test_compose_cuda.c checks against the
  *     CPU on random rows);
- *   - kvz_cuda_load_rows() / kvz_cuda_kv_shift() (kernels/kvz_cuda_backend.cu): the
- *     same on a model's KV cache, used by ingest/kvz_compose.c.
+ *   - kvz_cuda_load_rows() / kvz_cuda_kv_shift() (runtime/cuda/kvz_cuda_load.cu): the
+ *     same on a model's KV cache, used by ingest/kvz_compose.c. They belong to the
+ *     runtime's CUDA backend, not to this op library, and are declared here only until
+ *     kvz_compose.c reaches them through the backend table (runtime/kvz_backend.h);
+ *     the kvz_kv they take stays opaque here (kernels/ includes nothing of runtime/).
  * Every function returns 0 or a negative KVZ_ERR_*; nothing prints.
  */
 #ifndef KVZ_ROPE_SHIFT_CUDA_H
@@ -26,8 +29,6 @@
 #include <stdint.h>
 
 #include <cuda_runtime_api.h>
-
-#include "kvz_model.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,6 +57,8 @@ typedef struct kvz_cuda_shift_seg {
 int kvz_cuda_rope_shift_rows(cudaStream_t s, void *k, int64_t cap, int hd, int adjacent,
                              const kvz_cuda_shift_seg *segs, int n_seg, int32_t max_rows, const float *cs,
                              const float *sn, float key_scale);
+
+typedef struct kvz_kv kvz_kv; /* runtime/kvz_model.h: opaque here */
 
 /**
  * Pipelined-load variant of kvz_cuda_load_layer (kvz_cuda_loader.h) for composition:

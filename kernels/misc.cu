@@ -1,6 +1,6 @@
 /* Elementwise / row kernels: embedding, RMSNorm (+residual), SwiGLU, conversions,
  * argmax. All memory-bound; one block per row where a row reduction is needed. */
-#include "misc.cuh"
+#include "kvz_cuda_common.cuh"
 
 extern "C" int kvz_cuda_device_count(int *n)
 {

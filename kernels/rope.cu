@@ -1,6 +1,6 @@
 /* RoPE in place, one warp per (token, head) row. Optional qwen3 q/k RMSNorm first
  * (fp32). Angles in fp64 so long positions keep full precision. */
-#include "rope.cuh"
+#include "kvz_cuda_common.cuh"
 
 #define ROPE_MAXP 4 /* pairs per lane: hd <= 256 */
 

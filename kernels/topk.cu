@@ -6,7 +6,7 @@
  * in the workspace, no host synchronisation. Per-row version: one block per row. */
 #include <limits.h>
 
-#include "topk.cuh"
+#include "kvz_cuda_common.cuh"
 
 #define TK_CHUNK 4096 /* elements per block in the mask pass: 256 threads × 16 */
 

@@ -1,4 +1,6 @@
-/* The KV cache: document segments per (layer, KV head) + LongFlow output buffer. */
+/* The KV cache: document segments per (layer, KV head) + LongFlow output buffer.
+ * Device-neutral: the storage and its transfers are the model's backend's
+ * (runtime/kvz_backend.h); this file keeps the host lengths and the policy state. */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,31 +28,13 @@ int kvz_kv_create(const kvz_model *m, int64_t cap, int32_t out_slots, kvz_kv **o
     kv->victim = calloc((size_t)c->n_layer, sizeof(int32_t));
     kv->newest = calloc((size_t)c->n_layer, sizeof(int32_t));
     if (!kv->len || !kv->out_used || !kv->victim || !kv->newest) goto nomem;
-#ifdef KVZ_HAVE_CUDA
-    if (m->device == KVZ_DEVICE_CUDA) {
-        int rc = kvz_cuda_kv_init(kv);
-        if (rc) { kvz_kv_free(kv); return rc; }
-        *out = kv;
-        return 0;
-    }
-#endif
     {
-        const size_t rows = nlh * (size_t)cap, hd = (size_t)c->head_dim;
-        if (cap > 0) {
-            kv->k = malloc(rows * hd * sizeof(float));
-            kv->v = malloc(rows * hd * sizeof(float));
-            kv->pos = malloc(rows * sizeof(int32_t));
-            if (!kv->k || !kv->v || !kv->pos) goto nomem;
-        }
-        if (out_slots > 0) {
-            const size_t orows = (size_t)c->n_layer * (size_t)out_slots;
-            kv->ok = malloc(orows * (size_t)c->n_kv_head * hd * sizeof(float));
-            kv->ov = malloc(orows * (size_t)c->n_kv_head * hd * sizeof(float));
-            kv->opos = malloc(orows * sizeof(int32_t));
-            if (!kv->ok || !kv->ov || !kv->opos) goto nomem;
+        int rc = m->be->kv_init(kv); /* storage; the cache starts empty */
+        if (rc) {
+            kvz_kv_free(kv);
+            return rc;
         }
     }
-    kvz_kv_clear(kv);
     *out = kv;
     return 0;
 nomem:
@@ -62,9 +46,7 @@ nomem:
 void kvz_kv_free(kvz_kv *kv)
 {
     if (!kv) return;
-#ifdef KVZ_HAVE_CUDA
-    if (kv->cuda) kvz_cuda_kv_free(kv);
-#endif
+    kv->m->be->kv_free(kv);
     free(kv->len); free(kv->mark); free(kv->k); free(kv->v); free(kv->pos);
     free(kv->ok); free(kv->ov); free(kv->opos);
     free(kv->out_used); free(kv->victim); free(kv->newest);
@@ -82,9 +64,7 @@ static void reset_output(kvz_kv *kv)
     kv->evictions = 0;
     if (kv->opos)
         for (size_t i = 0; i < (size_t)kv->n_layer * (size_t)kv->out_slots; i++) kv->opos[i] = -1;
-#ifdef KVZ_HAVE_CUDA
-    if (kv->cuda) kvz_cuda_kv_sync(kv, 1); /* errors surface at the next forward */
-#endif
+    if (kv->m->be->kv_sync) kv->m->be->kv_sync(kv, 1); /* errors surface at the next forward */
 }
 
 void kvz_kv_clear(kvz_kv *kv)
@@ -99,7 +79,8 @@ int kvz_kv_set_probe(kvz_kv *kv, const kvz_kv_probe *p)
         memset(&kv->probe, 0, sizeof kv->probe);
         return 0;
     }
-    if (kv->cuda) return kvz_error_set(KVZ_ERR_UNSUPPORTED, "the KVzip probe runs on the CPU backend");
+    if (kv->m->be->device != KVZ_DEVICE_CPU)
+        return kvz_error_set(KVZ_ERR_UNSUPPORTED, "the KVzip probe runs on the CPU backend");
     if (p->c1 < p->c0 || p->c0 < p->n_prefix || p->rep_row0 < p->c1 || !p->scores)
         return kvz_error_set(KVZ_ERR_ARG, "kv probe: bad row ranges");
     const int nt = omp_get_max_threads() > kv->m->n_threads ? omp_get_max_threads() : kv->m->n_threads;
@@ -122,7 +103,8 @@ int kvz_kv_set_segments(kvz_kv *kv, const kvz_kv_seg *segs, int32_t n_seg, int64
         kv->seg_prefix = 0;
         return 0;
     }
-    if (kv->cuda) return kvz_error_set(KVZ_ERR_UNSUPPORTED, "segmented passes run on the CPU backend");
+    if (kv->m->be->device != KVZ_DEVICE_CPU)
+        return kvz_error_set(KVZ_ERR_UNSUPPORTED, "segmented passes run on the CPU backend");
     if (n_prefix < 0) return kvz_error_set(KVZ_ERR_ARG, "kv segments: negative prefix");
     for (int32_t s = 0; s < n_seg; s++)
         if (segs[s].n <= 0 || segs[s].n_score < 0 || segs[s].n_score > segs[s].n)
@@ -159,9 +141,7 @@ void kvz_kv_truncate(kvz_kv *kv, int64_t n)
 {
     for (size_t i = 0; i < (size_t)kv->n_layer * (size_t)kv->n_kv_head; i++)
         if (kv->len[i] > n) kv->len[i] = n;
-#ifdef KVZ_HAVE_CUDA
-    if (kv->cuda) kvz_cuda_kv_sync(kv, 0);
-#endif
+    if (kv->m->be->kv_sync) kv->m->be->kv_sync(kv, 0);
 }
 
 void kvz_kv_set_sinks(kvz_kv *kv, int32_t n_sink) { kv->n_sink = n_sink < 0 ? 0 : n_sink; }
@@ -184,46 +164,17 @@ int kvz_kv_view(const kvz_kv *kv, int32_t layer, int32_t head, const float **k,
 int kvz_kv_set_layer(kvz_kv *kv, int32_t layer, const uint32_t *counts, const int32_t *pos,
                      const float *k, const float *v)
 {
-    const size_t hd = (size_t)kv->head_dim;
     for (int32_t h = 0; h < kv->n_kv_head; h++)
         if ((int64_t)counts[h] > kv->cap)
             return kvz_error_set(KVZ_ERR_CONTEXT, "layer %d head %d: %u rows exceed the cache "
                                  "capacity %lld", layer, h, counts[h], (long long)kv->cap);
-#ifdef KVZ_HAVE_CUDA
-    if (kv->cuda) {
-        return kvz_cuda_kv_set_layer(kv, layer, counts, pos, k, v);
-    }
-#endif
-    size_t off = 0;
-    for (int32_t h = 0; h < kv->n_kv_head; h++) {
-        const size_t seg = (size_t)layer * kv->n_kv_head + (size_t)h, c = counts[h];
-        const size_t row0 = seg * (size_t)kv->cap;
-        memcpy(kv->k + row0 * hd, k + off * hd, c * hd * sizeof(float));
-        memcpy(kv->v + row0 * hd, v + off * hd, c * hd * sizeof(float));
-        memcpy(kv->pos + row0, pos + off, c * sizeof(int32_t));
-        kv->len[seg] = (int64_t)c;
-        off += c;
-    }
-    return 0;
+    return kv->m->be->kv_set_layer(kv, layer, counts, pos, k, v);
 }
 
 int kvz_kv_get_head(const kvz_kv *kv, int32_t layer, int32_t head, float *k, float *v,
                     int32_t *pos)
 {
-#ifdef KVZ_HAVE_CUDA
-    if (kv->cuda) {
-        return kvz_cuda_kv_get_head(kv, layer, head, k, v, pos);
-    }
-#endif
-    const float *pk = NULL, *pv = NULL;
-    const int32_t *pp = NULL;
-    int64_t n = 0;
-    int rc = kvz_kv_view(kv, layer, head, &pk, &pv, &pp, &n);
-    if (rc) return rc;
-    if (k) memcpy(k, pk, (size_t)n * (size_t)kv->head_dim * sizeof(float));
-    if (v) memcpy(v, pv, (size_t)n * (size_t)kv->head_dim * sizeof(float));
-    if (pos) memcpy(pos, pp, (size_t)n * sizeof(int32_t));
-    return 0;
+    return kv->m->be->kv_get_head(kv, layer, head, k, v, pos);
 }
 
 void kvz_kv_get_stats(const kvz_kv *kv, kvz_kv_stats *st)
@@ -235,7 +186,7 @@ void kvz_kv_get_stats(const kvz_kv *kv, kvz_kv_stats *st)
         for (int32_t h = 0; h < kv->n_kv_head; h++) st->doc_rows += kv->len[(size_t)l * kv->n_kv_head + h];
     }
     st->evictions = kv->n_layer ? kv->evictions / kv->n_layer : 0;
-    const uint64_t elt = kv->cuda ? 2 : 4, row = 2 * (uint64_t)kv->head_dim * elt;
+    const uint64_t elt = kv->m->be->kv_elt_bytes, row = 2 * (uint64_t)kv->head_dim * elt;
     int64_t out_rows = 0;
     for (int32_t l = 0; l < kv->n_layer; l++) out_rows += (int64_t)kv->out_used[l] * kv->n_kv_head;
     st->bytes_held = row * (uint64_t)(st->doc_rows + out_rows);

@@ -326,7 +326,7 @@ static inline uint64_t mix64(uint64_t z)
 /* Uniform in [lo, hi), rounded to bf16. Tensor @p tid, element @p i.
  * The affine map runs in double: (hi-lo)·u is exact there, so the result does not
  * depend on whether a compiler contracts it into an FMA. The CUDA backend
- * (kernels/kvz_cuda_backend.cu, synth_kernel) reproduces this bit for bit. */
+ * (runtime/cuda/kvz_cuda_weights.cu, synth_kernel) reproduces this bit for bit. */
 static void synth_fill(float *dst, int64_t n, uint64_t seed, uint64_t tid, float lo, float hi)
 {
     const uint64_t base = mix64(seed ^ mix64(tid + 0x9e3779b97f4a7c15ULL));
@@ -426,17 +426,9 @@ static int model_init(kvz_model *m, const kvz_model_opts *opts, int synthetic, i
     const kvz_config *c = &m->cfg;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     m->n_threads = opts && opts->n_threads > 0 ? opts->n_threads : (int32_t)(ncpu > 0 ? ncpu : 1);
-    int32_t dev = opts ? opts->device : KVZ_DEVICE_CPU;
-#ifdef KVZ_HAVE_CUDA
-    if (dev == KVZ_DEVICE_AUTO) dev = kvz_cuda_available() ? KVZ_DEVICE_CUDA : KVZ_DEVICE_CPU;
-    if (dev == KVZ_DEVICE_CUDA && !kvz_cuda_available())
-        return kvz_error_set(KVZ_ERR_NODEV, "--device cuda: no usable CUDA GPU");
-#else
-    if (dev == KVZ_DEVICE_AUTO) dev = KVZ_DEVICE_CPU;
-    if (dev == KVZ_DEVICE_CUDA)
-        return kvz_error_set(KVZ_ERR_NODEV, "--device cuda: this build has no CUDA backend");
-#endif
-    m->device = dev;
+    int rc = kvz_backend_pick(opts ? opts->device : KVZ_DEVICE_CPU, &m->be);
+    if (rc) return rc;
+    const int32_t dev = m->device = m->be->device;
     /* synthetic weights on the GPU are generated there: no host copy */
     /* no fp32 host copy: synthetic weights on the GPU are generated there, and the CPU
      * backend on a GGUF reads the quantized blocks in place (quant) */
@@ -477,14 +469,7 @@ void kvz_model_free_host_weights(kvz_model *m)
     memset(&m->m_out, 0, sizeof m->m_out);
 }
 
-static int finish_load(kvz_model *m)
-{
-#ifdef KVZ_HAVE_CUDA
-    if (m->device == KVZ_DEVICE_CUDA) return kvz_cuda_model_init(m);
-#endif
-    (void)m;
-    return 0;
-}
+static int finish_load(kvz_model *m) { return m->be->model_init(m); }
 
 int kvz_model_load(const char *path, const kvz_model_opts *opts, kvz_model **out)
 {
@@ -553,9 +538,7 @@ int kvz_model_synthetic(const char *name, const kvz_model_opts *opts, kvz_model 
 void kvz_model_free(kvz_model *m)
 {
     if (!m) return;
-#ifdef KVZ_HAVE_CUDA
-    if (m->cuda) kvz_cuda_model_free(m);
-#endif
+    if (m->be) m->be->model_free(m);
     kvz_model_free_host_weights(m);
     free(m->layers);
     free(m->rope_inv_freq);
@@ -568,6 +551,7 @@ const kvz_config *kvz_model_config(const kvz_model *m) { return &m->cfg; }
 const kvz_tokenizer *kvz_model_tokenizer(const kvz_model *m) { return m->tok; }
 void kvz_model_fingerprint(const kvz_model *m, uint8_t out[16]) { memcpy(out, m->fingerprint, 16); }
 int32_t kvz_model_device(const kvz_model *m) { return m->device; }
+const kvz_backend *kvz_model_backend(const kvz_model *m) { return m->be; }
 uint64_t kvz_model_weight_bytes(const kvz_model *m) { return m->weight_bytes; }
 
 int kvz_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
@@ -577,9 +561,5 @@ int kvz_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int3
     for (int32_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->cfg.n_vocab)
             return kvz_error_set(KVZ_ERR_ARG, "token id %d is out of range", tokens[i]);
-#ifdef KVZ_HAVE_CUDA
-    if (m->device == KVZ_DEVICE_CUDA)
-        return kvz_cuda_forward(m, kv, tokens, n, pos0, logits, flags, hook);
-#endif
-    return kvz_cpu_forward(m, kv, tokens, n, pos0, logits, flags, hook);
+    return m->be->forward(m, kv, tokens, n, pos0, logits, flags, hook);
 }

@@ -1,8 +1,10 @@
 /* Internal: model and cache structures shared by the loader and the backends.
- * Not a public header: only runtime/ and kernels/ glue include it. */
+ * Not a public header: only runtime/ and its backends (runtime/kvz_backend_cpu.c,
+ * runtime/cuda/) include it. */
 #ifndef KVZ_MODEL_IMPL_H
 #define KVZ_MODEL_IMPL_H
 
+#include "kvz_backend.h"
 #include "kvz_gguf.h"
 #include "kvz_model.h"
 
@@ -37,12 +39,13 @@ typedef struct kvz_layer_w {
     int32_t n_mgu;
 } kvz_layer_w;
 
-typedef struct kvz_cuda_model kvz_cuda_model; /* CUDA backend state (kernels/ glue) */
-typedef struct kvz_cuda_cache kvz_cuda_cache; /* device KV cache state (kernels/ glue) */
+typedef struct kvz_cuda_model kvz_cuda_model; /* CUDA backend state (runtime/cuda/) */
+typedef struct kvz_cuda_cache kvz_cuda_cache; /* device KV cache state (runtime/cuda/) */
 
 struct kvz_model {
     kvz_config cfg;
-    int32_t device;          /* KVZ_DEVICE_CPU / CUDA */
+    int32_t device;          /* KVZ_DEVICE_CPU / CUDA: be->device */
+    const kvz_backend *be;   /* the backend it runs on (kvz_backend_pick) */
     int32_t n_threads;
     kvz_gguf *gguf;          /* NULL for synthetic */
     kvz_tokenizer *tok;      /* GGUF BPE, or the byte-level fallback for synthetic models */
@@ -96,69 +99,9 @@ struct kvz_kv {
  * calls it after upload; kvz_model_free calls it for every model. */
 void kvz_model_free_host_weights(kvz_model *m);
 
-/* CPU backend entry points (kvz_cpu.c) */
+/* CPU forward pass (kvz_cpu.c; the CPU table's forward, runtime/kvz_backend_cpu.c) */
 int kvz_cpu_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
                     float *logits, int flags, const kvz_layer_hook *hook);
 
-#ifdef KVZ_HAVE_CUDA
-/* CUDA backend entry points (kernels/kvz_cuda_backend.cu) */
-int kvz_cuda_available(void);
-int kvz_cuda_model_init(kvz_model *m);
-void kvz_cuda_model_free(kvz_model *m);
-int kvz_cuda_kv_init(kvz_kv *kv);
-void kvz_cuda_kv_free(kvz_kv *kv);
-int kvz_cuda_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
-                     float *logits, int flags, const kvz_layer_hook *hook);
-/* Push the host lengths (kv->len, out_used) to the device after the host changed
- * them (clear, truncate, rollback); @p reset_out also empties the output buffer. */
-int kvz_cuda_kv_sync(kvz_kv *kv, int reset_out);
-int kvz_cuda_kv_set_layer(kvz_kv *kv, int32_t layer, const uint32_t *counts, const int32_t *pos,
-                          const float *k, const float *v);
-int kvz_cuda_kv_get_head(const kvz_kv *kv, int32_t layer, int32_t head, float *k, float *v,
-                         int32_t *pos);
-/* KVzip repeat passes on the device (DESIGN §3 step 2-3), several chunks in one batch:
- * @p tokens holds the repeat inputs of @p n_ch chunks one after another (chunk i has
- * ch[i].n tokens and scores context tokens [ch[i].c0, ch[i].c1)); each input sits at
- * positions pos0.. and attends to the document and to itself only (never to another
- * chunk's input), so a batch computes exactly what one pass per chunk would. The
- * linear layers run once over the whole batch; per layer and chunk the attention
- * accumulates the KVzip subset statistics and a fused kernel scores the chunk (no
- * attention matrix in HBM). The repeat KV is discarded. Scores land in a device array
- * (n_layer, n_kv, n_ctx) kept with the cache and are copied to the host @p scores
- * (same shape; NULL: not copied, and the call returns without waiting for the GPU).
- * The cache must hold exactly n_prefix + n_ctx rows in every head, with room for
- * the batch after them. */
-typedef struct kvz_repeat_chunk {
-    int32_t n, c0, c1;
-} kvz_repeat_chunk;
-int kvz_cuda_kvzip_repeat(kvz_model *m, kvz_kv *kv, const int32_t *tokens, const kvz_repeat_chunk *ch,
-                          int32_t n_ch, int32_t pos0, int32_t n_prefix, float *scores, int32_t n_ctx);
-/* Selection + compaction on the device from the scores kvz_cuda_kvzip_repeat left:
- * global (radix top-k) or per-head uniform top-k of round(N·ratio) pairs, then the
- * cache is compacted in place (prefix + kept rows, order kept) so kvz_kv_get_head
- * returns only kept rows. @p keep (n_layer, n_kv, n_ctx) and @p counts (n_layer,
- * n_kv, kept context rows) are copied to the host when not NULL.
- * @return kept pairs, or a negative KVZ_ERR_*. */
-int64_t kvz_cuda_kvzip_select(kvz_kv *kv, int32_t n_prefix, int32_t n_ctx, float ratio,
-                              int32_t mode, uint8_t *keep, uint32_t *counts);
-/* Compare every device weight with a CPU model's host fp32 weights (tests: the
- * device synthetic generator must be bit-exact). @return mismatching elements, or < 0. */
-int64_t kvz_cuda_weights_diff(const kvz_model *gpu, const kvz_model *cpu);
-/* Output-buffer slot positions of @p layer (B int32, -1 = empty) copied to the host (tests). */
-int kvz_cuda_kv_out_pos(const kvz_kv *kv, int32_t layer, int32_t *pos);
-/* Peak device bytes this process allocated through the backend (bench). */
-uint64_t kvz_cuda_mem_peak(void);
-/* Batch-1 decode steps replayed from a CUDA graph so far (bench; KVZ_CUDA_GRAPH=0 turns
- * graphs off). */
-uint64_t kvz_cuda_graph_launches(void);
-/* Rows [0, len) of every head of @p layer, back to back in head order, converted on the
- * device to the blob dtype @p dtype (KVZ_DTYPE_F32 / F16 / BF16 of format/kvz_blob.h,
- * same bits as the host conversion) and copied once through pinned memory: the flat
- * head-major arrays kvz_blob_encode_layer takes. *pos (Σ len) u32, *k and *v
- * (Σ len, head_dim) of dtype. The pointers stay valid until the next call on this
- * cache or kvz_kv_free. Errors: KVZ_ERR_ARG, KVZ_ERR_NOMEM, KVZ_ERR_CUDA. */
-int kvz_cuda_kv_export_layer(const kvz_kv *kv, int32_t layer, uint8_t dtype, const uint32_t **pos,
-                             const void **k, const void **v);
-#endif
 
 #endif

@@ -21,7 +21,8 @@
 #include "kvz_generate.h"
 #include "kvz_kvzip.h"
 #include "kvz_model.h"
-#include "kvz_model_impl.h"
+#include "kvz_cuda_backend.h"
+#include "kvz_model_impl.h" /* white-box: the host mirror of the output buffer */
 #include "kvz_quant.h"
 
 #define TOL_LOGITS 5e-2

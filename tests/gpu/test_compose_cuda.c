@@ -33,7 +33,7 @@
 #include "kvz_generate.h"
 #include "kvz_ingest.h"
 #include "kvz_model.h"
-#include "kvz_model_impl.h"
+#include "kvz_cuda_backend.h"
 #include "kvz_rope_shift.h"
 #include "kvz_rope_shift_cuda.h"
 #include "kvz_store.h"

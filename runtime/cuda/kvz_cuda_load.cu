@@ -1,0 +1,289 @@
+/* CUDA backend: stored rows into the device cache (the pipelined loader of
+ * kvz_cuda_loader.h), export of kept rows as stored types, and the multi-document
+ * composition (kvz_rope_shift_cuda.h). */
+#include "kvz_cuda_impl.cuh"
+
+/* ====================================================================== */
+/* pipelined loader (kvz_cuda_loader.h)                                     */
+
+static void load_free_slots(kvz_cuda_model *g)
+{
+    for (int i = 0; i < g->ld_n; i++) {
+        cudaFreeHost(g->ld_h[i]);
+        dfree(g->ld_d[i]);
+        cudaEventDestroy(g->ld_ev[i]);
+        g->ld_h[i] = g->ld_d[i] = NULL;
+    }
+    g->ld_n = 0;
+    g->ld_bytes = 0;
+}
+
+extern "C" int kvz_cuda_load_slots(kvz_model *m, size_t slot_bytes, int nslot, void **slots)
+{
+    kvz_cuda_model *g = m->cuda;
+    if (!g || nslot < 1 || nslot > KVZ_CUDA_LOAD_MAX_SLOTS || !slots)
+        return kvz_error_set(KVZ_ERR_ARG, "load_slots: bad arguments");
+    slot_bytes = al256(slot_bytes ? slot_bytes : 1);
+    if (slot_bytes > g->ld_bytes || nslot > g->ld_n) {
+        KVZ_CUDA_TRY(cudaStreamSynchronize(g->s));
+        const size_t bytes = slot_bytes > g->ld_bytes ? slot_bytes + slot_bytes / 4 : g->ld_bytes;
+        const int n = nslot > g->ld_n ? nslot : g->ld_n;
+        load_free_slots(g);
+        for (int i = 0; i < n; i++) {
+            cudaError_t e = cudaHostAlloc(&g->ld_h[i], bytes, cudaHostAllocDefault);
+            if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->ld_ev[i], cudaEventDisableTiming);
+            if (e != cudaSuccess) {
+                cudaGetLastError();
+                if (g->ld_h[i]) cudaFreeHost(g->ld_h[i]);
+                g->ld_h[i] = NULL;
+                g->ld_n = i;
+                load_free_slots(g);
+                return kvz_error_set(e == cudaErrorMemoryAllocation ? KVZ_ERR_NOMEM : KVZ_ERR_CUDA,
+                                     "pinned load staging (%d x %.1f MiB): %s", n, bytes / 1048576.0,
+                                     cudaGetErrorString(e));
+            }
+            int rc = dmalloc(&g->ld_d[i], bytes, "load staging");
+            g->ld_n = i + 1;
+            if (rc) {
+                load_free_slots(g);
+                return rc;
+            }
+        }
+        g->ld_bytes = bytes;
+    }
+    for (int i = 0; i < nslot; i++) slots[i] = g->ld_h[i];
+    return 0;
+}
+
+extern "C" int kvz_cuda_load_layer(kvz_kv *kv, int32_t layer, int slot, int dtype, const uint32_t *counts,
+                                   int32_t row0, size_t k_off, size_t v_off, size_t pos_off, size_t bytes)
+{
+    kvz_cuda_cache *cc = kv->cuda;
+    kvz_cuda_model *g = kv->m->cuda;
+    if (!cc || !g || slot < 0 || slot >= g->ld_n || bytes > g->ld_bytes || layer < 0 ||
+        layer >= kv->n_layer || kv->n_kv_head > 64)
+        return kvz_error_set(KVZ_ERR_ARG, "load_layer: bad arguments");
+    int32_t rows[64];
+    for (int32_t h = 0; h < kv->n_kv_head; h++) {
+        if ((int64_t)counts[h] + row0 > kv->cap)
+            return kvz_error_set(KVZ_ERR_CONTEXT, "layer %d head %d: %lld rows exceed the cache capacity %lld",
+                                 layer, h, (long long)counts[h] + row0, (long long)kv->cap);
+        rows[h] = (int32_t)counts[h];
+    }
+    const cudaStream_t s = g->s;
+    char *d = (char *)g->ld_d[slot];
+    if (bytes) KVZ_CUDA_TRY(cudaMemcpyAsync(d, g->ld_h[slot], bytes, cudaMemcpyHostToDevice, s));
+    TRY(kvz_cuda_kv_load(s, &cc->L[layer], dtype, rows, row0, d + k_off, d + v_off, (const uint32_t *)(d + pos_off)));
+    KVZ_CUDA_TRY(cudaEventRecord(g->ld_ev[slot], s));
+    for (int32_t h = 0; h < kv->n_kv_head; h++) kv->len[(size_t)layer * kv->n_kv_head + h] = row0 + rows[h];
+    return 0;
+}
+
+extern "C" int kvz_cuda_load_layer_src(kvz_kv *kv, int32_t layer, int slot, const void *src, size_t bytes, int dtype,
+                                       const uint32_t *counts, int32_t row0, size_t k_off, size_t v_off,
+                                       size_t pos_off, const size_t *cuts, int n_cuts)
+{
+    kvz_cuda_cache *cc = kv->cuda;
+    kvz_cuda_model *g = kv->m->cuda;
+    const size_t shift = (16 - k_off % 16) % 16; /* the kernel reads f16/bf16/f32 rows 16 bytes at a time */
+    if (!cc || !g || !src || slot < 0 || slot >= g->ld_n || bytes + shift > g->ld_bytes || layer < 0 ||
+        layer >= kv->n_layer || kv->n_kv_head > 64 || row0 < 0)
+        return kvz_error_set(KVZ_ERR_ARG, "load_layer_src: bad arguments");
+    int32_t rows[64];
+    for (int32_t h = 0; h < kv->n_kv_head; h++) {
+        if ((int64_t)counts[h] + row0 > kv->cap)
+            return kvz_error_set(KVZ_ERR_CONTEXT, "layer %d head %d: %lld rows exceed the cache capacity %lld",
+                                 layer, h, (long long)counts[h] + row0, (long long)kv->cap);
+        rows[h] = (int32_t)counts[h];
+    }
+    const cudaStream_t s = g->s;
+    char *d = (char *)g->ld_d[slot] + shift;
+    for (int i = 0; i <= n_cuts; i++) { /* one copy per registration the source lies in */
+        const size_t lo = i ? cuts[i - 1] : 0, hi = i < n_cuts ? cuts[i] : bytes;
+        if (hi < lo || hi > bytes) return kvz_error_set(KVZ_ERR_ARG, "load_layer_src: bad cuts");
+        if (hi > lo)
+            KVZ_CUDA_TRY(cudaMemcpyAsync(d + lo, (const char *)src + lo, hi - lo, cudaMemcpyHostToDevice, s));
+    }
+    TRY(kvz_cuda_kv_load(s, &cc->L[layer], dtype, rows, row0, d + k_off, d + v_off, (const uint32_t *)(d + pos_off)));
+    KVZ_CUDA_TRY(cudaEventRecord(g->ld_ev[slot], s));
+    for (int32_t h = 0; h < kv->n_kv_head; h++) kv->len[(size_t)layer * kv->n_kv_head + h] = row0 + rows[h];
+    return 0;
+}
+
+extern "C" int kvz_cuda_load_wait(kvz_model *m, int slot)
+{
+    kvz_cuda_model *g = m->cuda;
+    if (!g || slot < 0 || slot >= g->ld_n) return kvz_error_set(KVZ_ERR_ARG, "load_wait: bad slot");
+    KVZ_CUDA_TRY(cudaEventSynchronize(g->ld_ev[slot]));
+    return 0;
+}
+
+extern "C" int kvz_cuda_load_finish(kvz_model *m)
+{
+    if (!m->cuda) return 0;
+    KVZ_CUDA_TRY(cudaStreamSynchronize(m->cuda->s));
+    return 0;
+}
+
+extern "C" void kvz_cuda_load_release(kvz_model *m)
+{
+    if (!m->cuda) return;
+    cudaStreamSynchronize(m->cuda->s);
+    load_free_slots(m->cuda);
+}
+
+extern "C" int kvz_cuda_kv_export_layer_q(const kvz_kv *kv, int32_t layer, int dtype, const uint32_t **pos,
+                                          const void **k, const void **v)
+{
+    kvz_cuda_cache *cc = kv->cuda;
+    if (!cc || layer < 0 || layer >= kv->n_layer || kv->n_kv_head > 64)
+        return kvz_error_set(KVZ_ERR_ARG, "kv_export_layer_q: bad arguments");
+    const size_t rb = kvz_kv_row_bytes(dtype, (size_t)kv->head_dim);
+    if (!rb || (dtype != KVZ_KV_Q8 && dtype != KVZ_KV_Q4))
+        return kvz_error_set(KVZ_ERR_ARG, "kv_export_layer_q: dtype %d is not q8/q4 for head_dim %d", dtype,
+                             kv->head_dim);
+    int32_t rows[64];
+    size_t total = 0;
+    for (int32_t h = 0; h < kv->n_kv_head; h++) {
+        rows[h] = (int32_t)kv->len[(size_t)layer * kv->n_kv_head + h];
+        total += (size_t)rows[h];
+    }
+    const size_t kb = al256(total * rb), need = 2 * kb + al256(total * 4);
+    if (need > cc->exp_d_bytes) {
+        dfree(cc->exp_d);
+        cc->exp_d = NULL;
+        cc->exp_d_bytes = 0;
+        TRY(dmalloc(&cc->exp_d, need, "export staging"));
+        cc->exp_d_bytes = need;
+    }
+    if (need > cc->exp_h_bytes) {
+        if (cc->exp_h) cudaFreeHost(cc->exp_h);
+        cc->exp_h = NULL;
+        cc->exp_h_bytes = 0;
+        KVZ_CUDA_TRY(cudaHostAlloc(&cc->exp_h, need, cudaHostAllocDefault));
+        cc->exp_h_bytes = need;
+    }
+    const cudaStream_t s = kv->m->cuda->s;
+    char *d = (char *)cc->exp_d, *h = (char *)cc->exp_h;
+    TRY(kvz_cuda_kv_export_q(s, &cc->L[layer], dtype, rows, d, d + kb, (uint32_t *)(d + 2 * kb)));
+    KVZ_CUDA_TRY(cudaMemcpyAsync(h, d, 2 * kb + total * 4, cudaMemcpyDeviceToHost, s));
+    KVZ_CUDA_TRY(cudaStreamSynchronize(s));
+    *k = h;
+    *v = h + kb;
+    *pos = (const uint32_t *)(h + 2 * kb);
+    return 0;
+}
+
+extern "C" int kvz_cuda_kv_export_layer_to(const kvz_kv *kv, int32_t layer, int dtype, void *k_dst, void *v_dst,
+                                           uint32_t *pos_dst)
+{
+    kvz_cuda_cache *cc = kv->cuda;
+    const size_t rb = kvz_kv_row_bytes(dtype, (size_t)kv->head_dim);
+    if (!cc || layer < 0 || layer >= kv->n_layer || kv->n_kv_head > 64 || !rb || !k_dst || !v_dst || !pos_dst)
+        return kvz_error_set(KVZ_ERR_ARG, "kv_export_layer_to: bad arguments");
+    int32_t rows[64];
+    size_t total = 0;
+    for (int32_t h = 0; h < kv->n_kv_head; h++) {
+        rows[h] = (int32_t)kv->len[(size_t)layer * kv->n_kv_head + h];
+        total += (size_t)rows[h];
+    }
+    if (!total) return 0;
+    const size_t kb = al256(total * rb), need = 2 * kb + al256(total * 4);
+    if (need > cc->exp_d_bytes) {
+        dfree(cc->exp_d);
+        cc->exp_d = NULL;
+        cc->exp_d_bytes = 0;
+        TRY(dmalloc(&cc->exp_d, need, "export staging"));
+        cc->exp_d_bytes = need;
+    }
+    const cudaStream_t s = kv->m->cuda->s;
+    char *d = (char *)cc->exp_d;
+    if (dtype == KVZ_KV_Q8 || dtype == KVZ_KV_Q4) {
+        TRY(kvz_cuda_kv_export_q(s, &cc->L[layer], dtype, rows, d, d + kb, (uint32_t *)(d + 2 * kb)));
+    } else {
+        const kvz_cuda_dtype dt = dtype == KVZ_KV_F32 ? KVZ_CUDA_F32 : dtype == KVZ_KV_F16 ? KVZ_CUDA_F16 : KVZ_CUDA_BF16;
+        TRY(kvz_cuda_kv_export(s, &cc->L[layer], rows, dt, d, d + kb, (int32_t *)(d + 2 * kb)));
+    }
+    KVZ_CUDA_TRY(cudaMemcpyAsync(k_dst, d, total * rb, cudaMemcpyDeviceToHost, s));
+    KVZ_CUDA_TRY(cudaMemcpyAsync(v_dst, d + kb, total * rb, cudaMemcpyDeviceToHost, s));
+    KVZ_CUDA_TRY(cudaMemcpyAsync(pos_dst, d + 2 * kb, total * 4, cudaMemcpyDeviceToHost, s));
+    KVZ_CUDA_TRY(cudaStreamSynchronize(s));
+    return 0;
+}
+
+/* ====================================================================== */
+/* multi-document composition (kvz_rope_shift_cuda.h, ingest/kvz_compose.c) */
+
+extern "C" int kvz_cuda_load_rows(kvz_kv *kv, int32_t layer, int slot, int dtype, const uint32_t *src_row,
+                                  const uint32_t *rows, const uint32_t *dst_row, size_t k_off, size_t v_off,
+                                  size_t pos_off, size_t bytes)
+{
+    kvz_cuda_cache *cc = kv->cuda;
+    kvz_cuda_model *g = kv->m->cuda;
+    if (!cc || !g || slot < 0 || slot >= g->ld_n || bytes > g->ld_bytes || layer < 0 || layer >= kv->n_layer)
+        return kvz_error_set(KVZ_ERR_ARG, "load_rows: bad arguments");
+    const size_t rb = kvz_kv_row_bytes(dtype, (size_t)kv->head_dim), hd = (size_t)kv->head_dim, cap = (size_t)kv->cap;
+    if (!rb) return kvz_error_set(KVZ_ERR_ARG, "load_rows: stored dtype %d unknown", dtype);
+    for (int32_t h = 0; h < kv->n_kv_head; h++)
+        if ((int64_t)dst_row[h] + rows[h] > kv->cap)
+            return kvz_error_set(KVZ_ERR_CONTEXT, "layer %d head %d: %lld rows exceed the cache capacity %lld",
+                                 layer, h, (long long)dst_row[h] + rows[h], (long long)kv->cap);
+    const cudaStream_t s = g->s;
+    char *d = (char *)g->ld_d[slot];
+    if (bytes) KVZ_CUDA_TRY(cudaMemcpyAsync(d, g->ld_h[slot], bytes, cudaMemcpyHostToDevice, s));
+    const kvz_cuda_kv *L = &cc->L[layer];
+    for (int32_t h = 0; h < kv->n_kv_head; h++) {
+        const size_t seg = (size_t)layer * kv->n_kv_head + (size_t)h;
+        kv->len[seg] = (int64_t)dst_row[h] + rows[h];
+        if (!rows[h]) continue;
+        kvz_cuda_kv one = *L; /* head h alone: its rows, its length */
+        one.k = (bf16 *)L->k + (size_t)h * cap * hd;
+        one.v = (bf16 *)L->v + (size_t)h * cap * hd;
+        one.pos = L->pos + (size_t)h * cap;
+        one.len = L->len + h;
+        one.n_kv = 1;
+        const int32_t n = (int32_t)rows[h];
+        const size_t o = (size_t)src_row[h];
+        TRY(kvz_cuda_kv_load(s, &one, dtype, &n, (int32_t)dst_row[h], d + k_off + o * rb, d + v_off + o * rb,
+                             (const uint32_t *)(d + pos_off) + o));
+    }
+    KVZ_CUDA_TRY(cudaEventRecord(g->ld_ev[slot], s));
+    return 0;
+}
+
+extern "C" int kvz_cuda_kv_shift(kvz_kv *kv, const kvz_cuda_shift_seg *segs, int n_seg, const float *cs,
+                                 const float *sn, int n_doc, float key_scale)
+{
+    kvz_cuda_cache *cc = kv->cuda;
+    if (!cc || n_seg < 0 || (n_seg && (!segs || !cs || !sn || n_doc < 1)))
+        return kvz_error_set(KVZ_ERR_ARG, "kv_shift: bad arguments");
+    if (n_seg) {
+        const cudaStream_t s = kv->m->cuda->s;
+        const size_t half = (size_t)kv->head_dim / 2, sb = (size_t)n_seg * sizeof *segs,
+                     tb = (size_t)n_doc * half * sizeof(float);
+        int32_t mx = 0;
+        for (int i = 0; i < n_seg; i++) {
+            const kvz_cuda_shift_seg *q = &segs[i];
+            if (q->lh < 0 || q->lh >= kv->n_layer * kv->n_kv_head || q->row0 < 0 || q->n < 0 ||
+                (int64_t)q->row0 + q->n > kv->cap || q->doc < 0 || q->doc >= n_doc)
+                return kvz_error_set(KVZ_ERR_ARG, "kv_shift: segment %d out of range", i);
+            mx = q->n > mx ? q->n : mx;
+        }
+        char *d = NULL;
+        TRY(dmalloc_tmp((void **)&d, sb + 2 * tb + 32, s, "re-rotation tables"));
+        kvz_cuda_shift_seg *dsg = (kvz_cuda_shift_seg *)d;
+        float *dcs = (float *)(d + ((sb + 15) & ~(size_t)15)), *dsn = dcs + (size_t)n_doc * half;
+        int rc = 0;
+        /* pageable sources: each copy returns once its bytes are staged */
+        if (cudaMemcpyAsync(dsg, segs, sb, cudaMemcpyHostToDevice, s) != cudaSuccess ||
+            cudaMemcpyAsync(dcs, cs, tb, cudaMemcpyHostToDevice, s) != cudaSuccess ||
+            cudaMemcpyAsync(dsn, sn, tb, cudaMemcpyHostToDevice, s) != cudaSuccess)
+            rc = kvz_error_set(KVZ_ERR_CUDA, "kv_shift: cudaMemcpyAsync: %s", cudaGetErrorString(cudaGetLastError()));
+        if (!rc)
+            rc = kvz_cuda_rope_shift_rows(s, cc->k, kv->cap, kv->head_dim, kv->m->cfg.rope_adjacent, dsg, n_seg, mx,
+                                          dcs, dsn, key_scale);
+        dfree_tmp(d, s);
+        if (rc) return rc;
+    }
+    return kvz_cuda_kv_sync(kv, 0);
+}
