@@ -11,10 +11,7 @@
 #include "kvz_load.h"
 #include "kvz_load_rec.h"
 #include "kvz_rope_shift.h"
-#ifdef KVZ_HAVE_CUDA
-#include "kvz_cuda_loader.h"
-#include "kvz_rope_shift_cuda.h"
-#endif
+#include "kvz_backend.h"
 
 void kvz_compose_defaults(kvz_compose_opts *o)
 {
@@ -109,8 +106,7 @@ static kvz_load_at src_at(const kvz_blob_meta *b, uint32_t l)
     return kvz_load_place(0, kvz_blob_layer_kept(b, l), kvz_blob_kv_row_bytes(b));
 }
 
-#ifdef KVZ_HAVE_CUDA
-/* ------------------------------------------------------------------ CUDA backend
+/* ------------------------------------------------------------------ device backend (CUDA)
  * Tasks t = (layer l, source i): per layer the shared prefix blob (when the documents
  * have one), then documents 0..nd-1. Host workers read + verify each task's record
  * straight into a pinned slot as the loader does (kvz_load_record: copied with pread()
@@ -131,7 +127,8 @@ typedef struct gpu_job {
     int32_t nkv;
     int map_only;
     int nslot;
-    void *slots[KVZ_CUDA_LOAD_MAX_SLOTS];
+    const kvz_backend *be;
+    void *slots[KVZ_BACKEND_MAX_LOAD_SLOTS];
     uint32_t *np;                     /* (ntask, nkv) rows at positions < n_prefix in each head's run */
     kvz_load_sync sy;
     uint32_t next, freed;             /* next task to claim; tasks [0, freed) have given their slot back */
@@ -211,7 +208,7 @@ static void *gpu_worker(void *arg)
 static int gpu_upload(gpu_job *j, float ks, int32_t nd)
 {
     const int32_t nkv = j->nkv, half = kvz_model_config(j->m)->head_dim / 2;
-    kvz_cuda_shift_seg *segs = malloc(sizeof *segs * ((size_t)j->ntask * nkv + 1));
+    kvz_kv_shift_seg *segs = malloc(sizeof *segs * ((size_t)j->ntask * nkv + 1));
     float *cs = malloc(sizeof *cs * (size_t)nd * half), *sn = malloc(sizeof *sn * (size_t)nd * half);
     uint32_t fill[KVZ_BLOB_MAX_HEADS], src_row[KVZ_BLOB_MAX_HEADS], rows[KVZ_BLOB_MAX_HEADS], dst[KVZ_BLOB_MAX_HEADS];
     int nseg = 0, rc = 0;
@@ -244,13 +241,13 @@ static int gpu_upload(gpu_job *j, float ks, int32_t nd)
             off += cnt;
             const uint32_t np = j->np[(size_t)t * nkv + h];
             if (src >= 0 && (j->delta[src] != 0 || ks != 1.0f) && rows[h] > np)
-                segs[nseg++] = (kvz_cuda_shift_seg){(int32_t)(l * (uint32_t)nkv + (uint32_t)h), (int32_t)(dst[h] + np),
+                segs[nseg++] = (kvz_kv_shift_seg){(int32_t)(l * (uint32_t)nkv + (uint32_t)h), (int32_t)(dst[h] + np),
                                                     (int32_t)(rows[h] - np), src};
         }
         const kvz_load_at at = src_at(b, l);
         const int slot = (int)(t % (uint32_t)j->nslot);
-        rc = kvz_cuda_load_rows(j->kv, (int32_t)l, slot, b->dtype, src_row, rows, dst, at.k, at.v, at.pos, at.end);
-        if (!rc && t > 0) rc = kvz_cuda_load_wait(j->m, (int)((t - 1) % (uint32_t)j->nslot));
+        rc = j->be->load_rows(j->kv, (int32_t)l, slot, b->dtype, src_row, rows, dst, at.k, at.v, at.pos, at.end);
+        if (!rc && t > 0) rc = j->be->load_wait(j->m, (int)((t - 1) % (uint32_t)j->nslot));
         j->prof.upload_s += kvz_now() - tu;
         if (rc) {
             kvz_load_sync_fail(&j->sy, rc, src_id(&j->q, src), UINT32_MAX);
@@ -263,7 +260,7 @@ static int gpu_upload(gpu_job *j, float ks, int32_t nd)
     }
     if (!rc && !j->sy.err) {
         const double tu = kvz_now();
-        rc = kvz_cuda_kv_shift(j->kv, segs, nseg, cs, sn, nd, ks);
+        rc = j->be->kv_shift(j->kv, segs, nseg, cs, sn, nd, ks);
         j->prof.upload_s += kvz_now() - tu;
         if (rc) kvz_load_sync_fail(&j->sy, rc, j->q.v[nd - 1], UINT32_MAX);
     }
@@ -284,6 +281,7 @@ static int compose_gpu(kvz_model *m, kvz_store *st, kvz_kv **kvp, uint64_t max_h
     gpu_job j;
     memset(&j, 0, sizeof j);
     j.m = m;
+    j.be = kvz_model_backend(m);
     j.st = st;
     j.q = *q;
     j.skip = skip;
@@ -301,7 +299,7 @@ static int compose_gpu(kvz_model *m, kvz_store *st, kvz_kv **kvp, uint64_t max_h
         const size_t b = src_at(tb, l).end;
         max_bytes = b > max_bytes ? b : max_bytes;
     }
-    j.nslot = kvz_load_plan_slots(&want, j.ntask, KVZ_CUDA_LOAD_MAX_SLOTS);
+    j.nslot = kvz_load_plan_slots(&want, j.ntask, j.be->load_max_slots);
     j.np = malloc(sizeof *j.np * (size_t)j.ntask * (size_t)j.nkv);
     j.ready = calloc(j.ntask, 1);
     if (!j.np || !j.ready) {
@@ -309,14 +307,14 @@ static int compose_gpu(kvz_model *m, kvz_store *st, kvz_kv **kvp, uint64_t max_h
         free(j.ready);
         return kvz_error_set(KVZ_ERR_NOMEM, "composition: task tables");
     }
-    int rc = kvz_cuda_load_slots(m, max_bytes, j.nslot, j.slots);
+    int rc = j.be->load_slots(m, max_bytes, j.nslot, j.slots);
     if (rc) {
         free(j.np);
         free(j.ready);
         return rc;
     }
     kvz_load_sync_init(&j.sy);
-    pthread_t th[KVZ_CUDA_LOAD_MAX_SLOTS];
+    pthread_t th[KVZ_BACKEND_MAX_LOAD_SLOTS];
     const int nth = kvz_load_spawn(th, want, gpu_worker, &j);
     if (nth == 0) {
         rc = kvz_error_set(KVZ_ERR_NOMEM, "composition: cannot start a decode thread");
@@ -331,7 +329,7 @@ static int compose_gpu(kvz_model *m, kvz_store *st, kvz_kv **kvp, uint64_t max_h
         rc = gpu_upload(&j, ks, q->nd);
     }
     kvz_load_join(th, nth);
-    kvz_cuda_load_finish(m); /* nothing in flight reads the slots after this */
+    j.be->load_finish(m); /* nothing in flight reads the slots after this */
     kvz_load_sync_destroy(&j.sy);
     if (j.sy.err && j.sy.detail[0]) rc = kvz_error_set(j.sy.err, "%s", j.sy.detail);
     kvz_load_profile_add(prof, &j.prof);
@@ -341,7 +339,6 @@ static int compose_gpu(kvz_model *m, kvz_store *st, kvz_kv **kvp, uint64_t max_h
     free(j.ready);
     return rc;
 }
-#endif
 
 /* ------------------------------------------------------------------ host route
  * CPU backend (and the CUDA backend's host_path): a pool of workers, one layer per
@@ -658,13 +655,12 @@ int kvz_docs_load(kvz_model *m, kvz_store *st, const char *const *ids, int32_t n
     kvz_store_read_end(r); /* the workers read in their own transactions */
     r = NULL;
     const srcs q = {v, nd, bm, info, P ? &pm : NULL};
-#ifdef KVZ_HAVE_CUDA
-    if (kvz_model_device(m) == KVZ_DEVICE_CUDA && !o->host_path) {
+    const kvz_backend *be = kvz_model_backend(m);
+    if (be->kv_shift && be->load_rows && be->load_slots && !o->host_path) {
         rc = compose_gpu(m, st, &kv, max_head, extra_rows, out_slots, &q, skip, delta, ks, want, o->map_only, &prof);
         goto out;
     }
-    if (kvz_model_device(m) == KVZ_DEVICE_CUDA) want = 1; /* kvz_kv_set_layer uploads: the calling thread only */
-#endif
+    if (be->device != KVZ_DEVICE_CPU) want = 1; /* kvz_kv_set_layer uploads: the calling thread only */
     /* the workers place rows in the cache, so it comes first */
     if (!(rc = create_cache(m, v, nd, max_head, extra_rows, out_slots, &kv, &prof)))
         rc = compose_host(m, st, kv, &q, skip, delta, total, max_layer, ks, want, o->map_only, &prof);

@@ -15,9 +15,7 @@
 #include "kvz_kvdtype.h"
 #include "kvz_kvrow.h"
 #include "kvz_store.h"
-#ifdef KVZ_HAVE_CUDA
-#include "kvz_cuda_loader.h"
-#endif
+#include "kvz_backend.h"
 
 #define MAX_THREADS 16
 #define MAX_CUTS 8 /* pins a record may cross (64 MiB pieces: a record of ~448 MiB) */
@@ -42,15 +40,16 @@ typedef struct load_job {
     const uint8_t *pm_hash;  /* its content hash (bm->prefix_ref) */
     size_t rb;          /* stored bytes of one row */
     size_t prb;         /* the prefix blob's */
+    const kvz_backend *be; /* the model's: a device loader when be->load_slots (else the host writes the cache) */
     int gpu;
     int map_only;
     int direct;         /* GPU: codec-none records of the document uploaded straight from the map */
     size_t direct_min;  /* ... when at least this long */
     int nslot;
-    void *slots[16];
+    void *slots[KVZ_BACKEND_MAX_LOAD_SLOTS];
     kvz_load_sync sy;   /* lock, condition, first error */
     uint32_t next;      /* next layer to claim */
-    int free_slot[16];  /* GPU: staging slots no layer holds (any layer takes any slot) */
+    int free_slot[KVZ_BACKEND_MAX_LOAD_SLOTS];  /* GPU: staging slots no layer holds (any layer takes any slot) */
     int nfree;
     int8_t *slot_of;    /* (n_layer) the slot layer l was decoded into */
     uint8_t *ready;     /* (n_layer) decoded */
@@ -134,7 +133,6 @@ static void *load_worker(void *arg)
         uint8_t *s = j->gpu ? j->slots[slot] : buf;
         const kvz_load_at da = doc_at(j, l);
         rc = KVZ_ERR_UNSUPPORTED;
-#ifdef KVZ_HAVE_CUDA
         if (j->direct && da.len >= j->direct_min) { /* pinned, then verified in the map: no host copy */
             const uint8_t *rec;
             rc = kvz_load_record_mapped(&rd, bm, j->hash, l, da, &rec);
@@ -150,7 +148,6 @@ static void *load_worker(void *arg)
                 pf->register_s += kvz_now() - t0;
             }
         }
-#endif
         if (rc == KVZ_ERR_UNSUPPORTED) rc = kvz_load_record(&rd, bm, j->hash, 0, l, s, da);
         if (!rc && j->pm) rc = kvz_load_record(&rd, j->pm, j->pm_hash, 1, l, s, pre_at(j, l));
         if (!rc && !j->gpu) {
@@ -214,7 +211,6 @@ out:
     return NULL;
 }
 
-#ifdef KVZ_HAVE_CUDA
 /* a decoded layer not uploaded yet (ready 1 -> 2 when taken), else UINT32_MAX; j->sy.mu held */
 static uint32_t take_ready(load_job *j)
 {
@@ -229,7 +225,7 @@ static uint32_t take_ready(load_job *j)
 /* give slot @p s back once the device has read it; j->sy.mu not held */
 static int release_slot(load_job *j, int s)
 {
-    int rc = kvz_cuda_load_wait(j->m, s);
+    int rc = j->be->load_wait(j->m, s);
     pthread_mutex_lock(&j->sy.mu);
     j->free_slot[j->nfree++] = s;
     pthread_cond_broadcast(&j->sy.cv);
@@ -274,23 +270,23 @@ static void upload_loop(load_job *j)
             int32_t r0 = 0;
             if (j->pm) {
                 const kvz_load_at pa = pre_at(j, l);
-                rc = kvz_cuda_load_layer_src(j->kv, (int32_t)l, slot, (uint8_t *)j->slots[slot] + pa.x, pa.len,
+                rc = j->be->load_layer_src(j->kv, (int32_t)l, slot, (uint8_t *)j->slots[slot] + pa.x, pa.len,
                                              j->pm->dtype, j->pm->counts + (size_t)l * bm->n_kv_head, 0,
                                              pa.k - pa.x, pa.v - pa.x, pa.pos - pa.x, NULL, 0);
                 r0 = (int32_t)j->pm->n_prefix;
             }
             if (!rc)
-                rc = kvz_cuda_load_layer_src(j->kv, (int32_t)l, slot, j->src[l], da.len, bm->dtype, cnt, r0,
+                rc = j->be->load_layer_src(j->kv, (int32_t)l, slot, j->src[l], da.len, bm->dtype, cnt, r0,
                                              da.k - da.x, da.v - da.x, da.pos - da.x, j->cuts[l], j->n_cuts[l]);
         } else if (j->pm) { /* the shared prefix first (rows 0..n_prefix-1 of every head); one copy of the slot */
             const kvz_load_at pa = pre_at(j, l);
-            rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, j->pm->dtype, j->pm->counts + (size_t)l * bm->n_kv_head,
+            rc = j->be->load_layer(j->kv, (int32_t)l, slot, j->pm->dtype, j->pm->counts + (size_t)l * bm->n_kv_head,
                                      0, pa.k, pa.v, pa.pos, layer_bytes(j, l));
             if (!rc)
-                rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, bm->dtype, cnt, (int32_t)j->pm->n_prefix, da.k, da.v,
+                rc = j->be->load_layer(j->kv, (int32_t)l, slot, bm->dtype, cnt, (int32_t)j->pm->n_prefix, da.k, da.v,
                                          da.pos, 0);
         } else {
-            rc = kvz_cuda_load_layer(j->kv, (int32_t)l, slot, bm->dtype, cnt, 0, da.k, da.v, da.pos, layer_bytes(j, l));
+            rc = j->be->load_layer(j->kv, (int32_t)l, slot, bm->dtype, cnt, 0, da.k, da.v, da.pos, layer_bytes(j, l));
         }
         if (j->trace) j->trace[l].upload_s = kvz_now() - j->t0;
         if (!rc && prev >= 0) rc = release_slot(j, prev);
@@ -301,11 +297,10 @@ static void upload_loop(load_job *j)
     if (rc) job_fail(j, rc, UINT32_MAX); /* the first error wins: a layer's, when it was one */
     if (rc || j->sy.err) return;
     const double tu = kvz_now();
-    rc = kvz_cuda_load_finish(j->m);
+    rc = j->be->load_finish(j->m);
     j->prof.upload_s += kvz_now() - tu;
     if (rc) job_fail(j, rc, UINT32_MAX);
 }
-#endif
 
 int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_rows, int32_t out_slots,
                  const kvz_load_opts *o, kvz_kv **out, kvz_doc_meta *meta)
@@ -416,9 +411,8 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     }
     int want = kvz_load_threads(o);
     if ((uint32_t)want > bm.n_layer) want = (int)bm.n_layer;
-#ifdef KVZ_HAVE_CUDA
-    j.gpu = kvz_model_device(m) == KVZ_DEVICE_CUDA;
-#endif
+    j.be = kvz_model_backend(m);
+    j.gpu = j.be->load_slots != NULL;
     /* CPU: the workers place rows in the cache, so it comes first. GPU: the workers only
      * fill pinned slots, so the device cache is allocated while they decode */
     j.map_only = o && o->map_only;
@@ -426,9 +420,8 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     if (!j.gpu && (rc = kvz_kv_create(m, (int64_t)max_rows + extra_rows, out_slots, &kv))) goto out;
     j.prof.alloc_s += kvz_now() - ta;
     j.kv = kv;
-#ifdef KVZ_HAVE_CUDA
     if (j.gpu) {
-        j.direct = !j.map_only && o && o->direct;
+        j.direct = !j.map_only && o && o->direct && j.be->host_register && j.be->load_layer_src;
         j.direct_min = o && o->direct_min ? o->direct_min : (size_t)64 << 10;
         if (j.direct) {
             j.src = calloc(bm.n_layer, sizeof *j.src);
@@ -439,17 +432,16 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
                 goto out;
             }
             const long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-            j.pinner.pin = kvz_cuda_host_register;
-            j.pinner.unpin = kvz_cuda_host_unregister;
+            j.pinner.pin = j.be->host_register;
+            j.pinner.unpin = j.be->host_unregister;
             j.pinner.budget = o->direct_budget ? o->direct_budget
                               : pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 4 : (uint64_t)1 << 30;
         }
-        j.nslot = kvz_load_plan_slots(&want, bm.n_layer, KVZ_CUDA_LOAD_MAX_SLOTS);
+        j.nslot = kvz_load_plan_slots(&want, bm.n_layer, j.be->load_max_slots);
         /* + 16: a direct record is shifted so that its K rows land 16-byte aligned */
-        if ((rc = kvz_cuda_load_slots(m, max_bytes + 16, j.nslot, j.slots))) goto out;
+        if ((rc = j.be->load_slots(m, max_bytes + 16, j.nslot, j.slots))) goto out;
         for (int i = 0; i < j.nslot; i++) j.free_slot[j.nfree++] = i;
     }
-#endif
     kvz_load_sync_init(&j.sy);
     /* on the CPU the calling thread decodes too; on the GPU it uploads */
     nth = kvz_load_spawn(th, j.gpu ? want : want - 1, load_worker, &j);
@@ -462,14 +454,10 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
         j.kv = kv; /* read by the upload loop only (this thread) */
         rc = 0;
     }
-#ifdef KVZ_HAVE_CUDA
     if (j.gpu && nth) upload_loop(&j);
-#endif
     if (!j.gpu) load_worker(&j);
     kvz_load_join(th, nth);
-#ifdef KVZ_HAVE_CUDA
-    if (j.gpu && j.sy.err) kvz_cuda_load_finish(m); /* nothing in flight reads the slots after this */
-#endif
+    if (j.gpu && j.sy.err) j.be->load_finish(m); /* nothing in flight reads the slots after this */
     kvz_load_sync_destroy(&j.sy);
     if (j.sy.err) rc = kvz_error_set(j.sy.err, "%s", j.sy.detail);
 out:

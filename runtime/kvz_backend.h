@@ -106,6 +106,16 @@ typedef struct kvz_backend {
     int (*load_slots)(kvz_model *m, size_t slot_bytes, int nslot, void **slots);
     int (*load_layer)(kvz_kv *kv, int32_t layer, int slot, int dtype, const uint32_t *counts, int32_t row0,
                       size_t k_off, size_t v_off, size_t pos_off, size_t bytes);
+    /** load_layer for a record that is not at the start of a slot: from @p src
+     *  (page-locked: a slot, or memory host_register pinned), copied in pieces at
+     *  @p cuts, into cache rows row0.. (kernels/kvz_cuda_loader.h). */
+    int (*load_layer_src)(kvz_kv *kv, int32_t layer, int slot, const void *src, size_t bytes, int dtype,
+                          const uint32_t *counts, int32_t row0, size_t k_off, size_t v_off, size_t pos_off,
+                          const size_t *cuts, int n_cuts);
+    /** Pin existing host memory (read-only) for uploads, and undo it (the store's
+     *  pinner of the direct route, kvz_store_pin). */
+    int (*host_register)(const void *p, size_t n, void **handle);
+    void (*host_unregister)(void *handle);
     int (*load_wait)(kvz_model *m, int slot);
     int (*load_finish)(kvz_model *m);
     void (*load_release)(kvz_model *m);

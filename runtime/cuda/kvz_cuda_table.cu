@@ -44,6 +44,9 @@ static kvz_backend make_table(void)
     b.load_max_slots = KVZ_CUDA_LOAD_MAX_SLOTS;
     b.load_slots = kvz_cuda_load_slots;
     b.load_layer = kvz_cuda_load_layer;
+    b.load_layer_src = kvz_cuda_load_layer_src;
+    b.host_register = kvz_cuda_host_register;
+    b.host_unregister = kvz_cuda_host_unregister;
     b.load_wait = kvz_cuda_load_wait;
     b.load_finish = kvz_cuda_load_finish;
     b.load_release = kvz_cuda_load_release;

@@ -1,7 +1,8 @@
 /**
  * @file kvz_cuda_loader.h
  * @brief Internal C entry points of the CUDA backend for moving stored KV rows
- *        between the store and the device cache (kernels/kvz_cuda_backend.cu).
+ *        between the store and the device cache (runtime/cuda/kvz_cuda_load.cu; the
+ *        register helpers in kernels/kvload.cu).
  *        Used by ingest/kvz_load.c (pipelined loader) and ingest/kvz_pipeline.c.
  *
  * Load protocol (one loader per model at a time; the model's stream orders it with
