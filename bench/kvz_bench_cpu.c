@@ -10,7 +10,11 @@
  * (quantized: the file's matrix bytes, kvz_model_weight_bytes) plus the KV cache.
  *
  *   build/bin/kvz_bench_cpu [--model PATH] [--doc FILE] [--quick] [--f32]
- *                           [--no-baseline] [--no-ingest]
+ *                           [--no-baseline] [--no-ingest] [--no-prefill] [--steps N] [--ctx N]
+ *
+ * --no-prefill skips the prefill rows, --steps sets the decode steps timed at each
+ * depth (default 32; more for a steadier figure or a profile of decode alone),
+ * --ctx N decodes at depth N only (instead of 512 and 2048).
  */
 #include <cblas.h>
 #include <math.h>
@@ -18,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvz_error.h"
 #include "kvz_generate.h"
@@ -99,6 +104,8 @@ static double decode_tps(kvz_model *m, int32_t ctx, int32_t steps)
     float *logits = malloc(sizeof(float) * (size_t)c->n_vocab);
     int32_t tok = ids[ctx - 1];
     double t0 = kvz_now();
+    fprintf(stderr, "decode at depth %d starts (%.1f s of process CPU time so far)\n", ctx,
+            (double)clock() / CLOCKS_PER_SEC);
     for (int32_t s = 0; s < steps; s++) {
         kvz_forward(m, kv, &tok, 1, ctx + s, logits, KVZ_FWD_LOGITS_LAST, NULL);
         tok = (tok + 1) % c->n_vocab;
@@ -113,7 +120,7 @@ static double decode_tps(kvz_model *m, int32_t ctx, int32_t steps)
 int main(int argc, char **argv)
 {
     const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *docp = "samples/aquila_aq300_manual.md";
-    int quick = 0, f32 = 0, baseline = 1, ingest = 1;
+    int quick = 0, f32 = 0, baseline = 1, ingest = 1, prefill = 1, steps = 32, only_ctx = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--doc") && i + 1 < argc) docp = argv[++i];
@@ -121,9 +128,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--f32")) f32 = 1;
         else if (!strcmp(argv[i], "--no-baseline")) baseline = 0;
         else if (!strcmp(argv[i], "--no-ingest")) ingest = 0;
+        else if (!strcmp(argv[i], "--no-prefill")) prefill = 0;
+        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc && atoi(argv[i + 1]) > 0) only_ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc && atoi(argv[i + 1]) > 0) steps = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: kvz_bench_cpu [--model PATH] [--doc FILE] [--quick] [--f32] "
-                            "[--no-baseline] [--no-ingest]\n");
+                            "[--no-baseline] [--no-ingest] [--no-prefill] [--steps N] [--ctx N]\n");
             return 2;
         }
     }
@@ -154,7 +164,7 @@ int main(int argc, char **argv)
     printf("| what | tokens | tok/s | GFLOP/s | bound | %% of bound | 1-thread baseline tok/s |\n");
     printf("|---|---|---|---|---|---|---|\n");
     const int32_t lens[] = {512, 2048};
-    for (int li = 0; li < (quick ? 1 : 2); li++) {
+    for (int li = 0; li < (!prefill ? 0 : quick ? 1 : 2); li++) {
         const int32_t T = lens[li];
         double secs;
         double base = m1 ? prefill_tps(m1, T, NULL) : NAN;
@@ -164,9 +174,10 @@ int main(int argc, char **argv)
                peak, 100.0 * flops / secs / 1e9 / peak, base);
     }
     for (int li = 0; li < (quick ? 1 : 2); li++) {
-        const int32_t ctx = lens[li];
+        const int32_t ctx = only_ctx ? only_ctx : lens[li];
+        if (only_ctx && li) break;
         double base = m1 ? decode_tps(m1, ctx, 16) : NAN;
-        double tps = decode_tps(m, ctx, 32);
+        double tps = decode_tps(m, ctx, steps);
         const double bytes = bytes_w + 4.0 * 2 * (double)ctx * c->n_layer * c->n_kv_head * c->head_dim;
         const double bound = bw * 1e9 / bytes;
         printf("| decode (ctx) | %d | %.1f | - | %.1f tok/s (%.0f MB/token / %.1f GB/s) | %.0f%% | %.1f |\n",
