@@ -79,7 +79,9 @@ static void linear(const kvz_wmat *W, int nw, const float *x, int n, int in, flo
         uint8_t *qa = (uint8_t *)work;
         if (in % 32 == 0) /* else every matrix is F32 (quantized types have blocks of >= 32) */
             for (int i = 0; i < n; i++) kvz_q8_quantize(x + (size_t)i * in, in, qa + (size_t)i * rb);
-#pragma omp parallel for schedule(static)
+        /* rows in chunks of 32 handed out as threads ask: a thread the OS preempts
+         * (the machine is shared) delays the op by one chunk, not by half of it */
+#pragma omp parallel for schedule(dynamic, 32)
         for (int64_t r = 0; r < off[nw]; r++) {
             int k = 0;
             while (r >= off[k + 1]) k++;

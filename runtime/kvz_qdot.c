@@ -9,7 +9,8 @@
  *     w_e = A_h · u_e + B_h            (u_e the raw quant, A_h, B_h fp32)
  *     dot_b = d_b · Σ_h (A_h · Σ_e u_e q_e + B_h · s_h)
  * The scalar reference evaluates exactly that. The SIMD paths compute Σ u_e q_e
- * with maddubs (u unsigned bytes × q signed bytes; Q8_0 by the sign trick), fold
+ * with maddubs (u unsigned bytes × q signed bytes; Q8_0, and Q4_0 / Q5_0 as the
+ * signed u - 8 / u - 16, by the sign trick), fold
  * the integer sub-block scale in with madd, and accumulate fs · int in fp32; the
  * offset terms B_h · s_h are summed in a scalar. */
 #include "kvz_qdot.h"
@@ -235,11 +236,10 @@ static inline void up_q8_0(UNPACK_ARGS)
 static inline void up_q4_0(UNPACK_ARGS)
 {
     const uint8_t *x = w + 18 * b;
-    const float f = h2f_x86(x) * q8_d(a, b);
-    *wv = nib16(x + 2);
+    *wv = _mm256_sub_epi8(nib16(x + 2), _mm256_set1_epi8(8));
     *sv = _mm256_set1_epi16(1);
-    *fs = f;
-    *corr -= 8.0f * f * (float)s32(a, b);
+    *fs = h2f_x86(x) * q8_d(a, b);
+    (void)corr;
 }
 static inline void up_q4_1(UNPACK_ARGS)
 {
@@ -250,14 +250,27 @@ static inline void up_q4_1(UNPACK_ARGS)
     *fs = h2f_x86(x) * da;
     *corr += h2f_x86(x + 2) * da * (float)s32(a, b);
 }
+/* byte e = 0xF0 if bit e of qh is clear, else 0: OR-ed onto a nibble it gives
+ * the signed value nibble + 16·bit - 16 */
+static inline __m256i neg16_32(const uint8_t *p)
+{
+    uint32_t qh;
+    memcpy(&qh, p, 4);
+    const __m256i idx = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                          0x0101010101010101LL, 0);
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), idx), sel);
+    return _mm256_andnot_si256(_mm256_cmpeq_epi8(v, sel), _mm256_set1_epi8((char)0xF0));
+}
+/* Q5_0 and Q4_0 as signed bytes (u - 16, u - 8), multiplied with the sign trick:
+ * no offset term, so no scalar work per block beyond the two scales */
 static inline void up_q5_0(UNPACK_ARGS)
 {
     const uint8_t *x = w + 22 * b;
-    const float f = h2f_x86(x) * q8_d(a, b);
-    *wv = _mm256_or_si256(nib16(x + 6), bit4_32(x + 2));
+    *wv = _mm256_or_si256(nib16(x + 6), neg16_32(x + 2));
     *sv = _mm256_set1_epi16(1);
-    *fs = f;
-    *corr -= 16.0f * f * (float)s32(a, b);
+    *fs = h2f_x86(x) * q8_d(a, b);
+    (void)corr;
 }
 static inline void up_q5_1(UNPACK_ARGS)
 {
@@ -352,9 +365,9 @@ static inline float hsum256(__m256 v)
     }
 
 DEF_AVX2(dot2_q8_0, up_q8_0, 1)
-DEF_AVX2(dot2_q4_0, up_q4_0, 0)
+DEF_AVX2(dot2_q4_0, up_q4_0, 1)
 DEF_AVX2(dot2_q4_1, up_q4_1, 0)
-DEF_AVX2(dot2_q5_0, up_q5_0, 0)
+DEF_AVX2(dot2_q5_0, up_q5_0, 1)
 DEF_AVX2(dot2_q5_1, up_q5_1, 0)
 DEF_AVX2(dot2_q4_k, up_q4_k, 0)
 DEF_AVX2(dot2_q5_k, up_q5_k, 0)
@@ -414,9 +427,9 @@ static float qdot_avx2(uint32_t t, const void *w, const void *q8, int64_t n)
     }
 
 DEF_AVX512(dot5_q8_0, up_q8_0, 1)
-DEF_AVX512(dot5_q4_0, up_q4_0, 0)
+DEF_AVX512(dot5_q4_0, up_q4_0, 1)
 DEF_AVX512(dot5_q4_1, up_q4_1, 0)
-DEF_AVX512(dot5_q5_0, up_q5_0, 0)
+DEF_AVX512(dot5_q5_0, up_q5_0, 1)
 DEF_AVX512(dot5_q5_1, up_q5_1, 0)
 DEF_AVX512(dot5_q4_k, up_q4_k, 0)
 DEF_AVX512(dot5_q5_k, up_q5_k, 0)
