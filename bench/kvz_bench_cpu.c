@@ -7,7 +7,8 @@
  * (kvz_qdot for decode, chunk dequantization + SGEMM for prefill); --f32 loads
  * them as fp32 instead (the previous default). The decode bound is the measured
  * copy bandwidth over the bytes a token must read: the weights as held in memory
- * (quantized: the file's matrix bytes, kvz_model_weight_bytes) plus the KV cache.
+ * (quantized: the file's matrix bytes, kvz_model_weight_bytes, less an untied token
+ * embedding of which a token reads one row) plus the KV cache.
  *
  *   build/bin/kvz_bench_cpu [--model PATH] [--doc FILE] [--quick] [--f32]
  *                           [--no-baseline] [--no-ingest] [--no-prefill] [--steps N] [--ctx N]
@@ -32,6 +33,7 @@
 #include "kvz_store.h"
 #include "kvz_kvzip.h"
 #include "kvz_model.h"
+#include "kvz_model_impl.h" /* the token embedding's bytes, for the decode bound */
 #include "kvz_qdot.h"
 
 static double sgemm_gflops(int M, int N, int K, int reps)
@@ -104,13 +106,18 @@ static double decode_tps(kvz_model *m, int32_t ctx, int32_t steps)
     float *logits = malloc(sizeof(float) * (size_t)c->n_vocab);
     int32_t tok = ids[ctx - 1];
     double t0 = kvz_now();
+    const clock_t c0 = clock();
     fprintf(stderr, "decode at depth %d starts (%.1f s of process CPU time so far)\n", ctx,
-            (double)clock() / CLOCKS_PER_SEC);
+            (double)c0 / CLOCKS_PER_SEC);
     for (int32_t s = 0; s < steps; s++) {
         kvz_forward(m, kv, &tok, 1, ctx + s, logits, KVZ_FWD_LOGITS_LAST, NULL);
         tok = (tok + 1) % c->n_vocab;
     }
     double t = kvz_now() - t0;
+    /* CPU time per token: on a shared machine less disturbed by the load than tok/s
+     * (idle OpenMP threads sleep under OMP_WAIT_POLICY=passive) */
+    fprintf(stderr, "decode at depth %d: %.1f ms of process CPU time per token, %.1f ms wall\n", ctx,
+            1e3 * (double)(clock() - c0) / CLOCKS_PER_SEC / steps, 1e3 * t / steps);
     kvz_kv_free(kv);
     free(logits);
     free(ids);
@@ -158,8 +165,12 @@ int main(int argc, char **argv)
     const kvz_config *c = kvz_model_config(m);
     const double P = linear_params(c);
     /* weights read per token: every matrix once (tied embeddings: the output matrix) */
-    const double bytes_w = (double)kvz_model_weight_bytes(m);
-    printf("model %s: %s, weights in memory %.1f MB\n\n", model, c->name, bytes_w / 1e6);
+    const double bytes_mem = (double)kvz_model_weight_bytes(m);
+    /* a decoded token reads one row of an untied token embedding, not the matrix */
+    const double bytes_w = bytes_mem - (m->m_tok.data != m->m_out.data
+                                            ? (double)m->m_tok.row_bytes * (double)(m->m_tok.rows - 1) : 0.0);
+    printf("model %s: %s, weights in memory %.1f MB, read per decoded token %.1f MB\n\n", model, c->name,
+           bytes_mem / 1e6, bytes_w / 1e6);
 
     printf("| what | tokens | tok/s | GFLOP/s | bound | %% of bound | 1-thread baseline tok/s |\n");
     printf("|---|---|---|---|---|---|---|\n");
