@@ -7,10 +7,15 @@
  * (kvz_qdot for decode, chunk dequantization + SGEMM for prefill); --f32 loads
  * them as fp32 instead (the previous default). The decode bound is the measured
  * copy bandwidth over the bytes a token must read: the weights as held in memory
- * (quantized: the file's matrix bytes, kvz_model_weight_bytes) plus the KV cache.
+ * (quantized: the file's matrix bytes, kvz_model_weight_bytes, less an untied token
+ * embedding of which a token reads one row) plus the KV cache.
  *
  *   build/bin/kvz_bench_cpu [--model PATH] [--doc FILE] [--quick] [--f32]
- *                           [--no-baseline] [--no-ingest]
+ *                           [--no-baseline] [--no-ingest] [--no-prefill] [--steps N] [--ctx N]
+ *
+ * --no-prefill skips the prefill rows, --steps sets the decode steps timed at each
+ * depth (default 32; more for a steadier figure or a profile of decode alone),
+ * --ctx N decodes at depth N only (instead of 512 and 2048).
  */
 #include <cblas.h>
 #include <math.h>
@@ -18,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvz_error.h"
 #include "kvz_generate.h"
@@ -27,6 +33,7 @@
 #include "kvz_store.h"
 #include "kvz_kvzip.h"
 #include "kvz_model.h"
+#include "kvz_model_impl.h" /* the token embedding's bytes, for the decode bound */
 #include "kvz_qdot.h"
 
 static double sgemm_gflops(int M, int N, int K, int reps)
@@ -99,11 +106,18 @@ static double decode_tps(kvz_model *m, int32_t ctx, int32_t steps)
     float *logits = malloc(sizeof(float) * (size_t)c->n_vocab);
     int32_t tok = ids[ctx - 1];
     double t0 = kvz_now();
+    const clock_t c0 = clock();
+    fprintf(stderr, "decode at depth %d starts (%.1f s of process CPU time so far)\n", ctx,
+            (double)c0 / CLOCKS_PER_SEC);
     for (int32_t s = 0; s < steps; s++) {
         kvz_forward(m, kv, &tok, 1, ctx + s, logits, KVZ_FWD_LOGITS_LAST, NULL);
         tok = (tok + 1) % c->n_vocab;
     }
     double t = kvz_now() - t0;
+    /* CPU time per token: on a shared machine less disturbed by the load than tok/s
+     * (idle OpenMP threads sleep under OMP_WAIT_POLICY=passive) */
+    fprintf(stderr, "decode at depth %d: %.1f ms of process CPU time per token, %.1f ms wall\n", ctx,
+            1e3 * (double)(clock() - c0) / CLOCKS_PER_SEC / steps, 1e3 * t / steps);
     kvz_kv_free(kv);
     free(logits);
     free(ids);
@@ -113,7 +127,7 @@ static double decode_tps(kvz_model *m, int32_t ctx, int32_t steps)
 int main(int argc, char **argv)
 {
     const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *docp = "samples/aquila_aq300_manual.md";
-    int quick = 0, f32 = 0, baseline = 1, ingest = 1;
+    int quick = 0, f32 = 0, baseline = 1, ingest = 1, prefill = 1, steps = 32, only_ctx = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--doc") && i + 1 < argc) docp = argv[++i];
@@ -121,9 +135,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--f32")) f32 = 1;
         else if (!strcmp(argv[i], "--no-baseline")) baseline = 0;
         else if (!strcmp(argv[i], "--no-ingest")) ingest = 0;
+        else if (!strcmp(argv[i], "--no-prefill")) prefill = 0;
+        else if (!strcmp(argv[i], "--ctx") && i + 1 < argc && atoi(argv[i + 1]) > 0) only_ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc && atoi(argv[i + 1]) > 0) steps = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: kvz_bench_cpu [--model PATH] [--doc FILE] [--quick] [--f32] "
-                            "[--no-baseline] [--no-ingest]\n");
+                            "[--no-baseline] [--no-ingest] [--no-prefill] [--steps N] [--ctx N]\n");
             return 2;
         }
     }
@@ -148,13 +165,17 @@ int main(int argc, char **argv)
     const kvz_config *c = kvz_model_config(m);
     const double P = linear_params(c);
     /* weights read per token: every matrix once (tied embeddings: the output matrix) */
-    const double bytes_w = (double)kvz_model_weight_bytes(m);
-    printf("model %s: %s, weights in memory %.1f MB\n\n", model, c->name, bytes_w / 1e6);
+    const double bytes_mem = (double)kvz_model_weight_bytes(m);
+    /* a decoded token reads one row of an untied token embedding, not the matrix */
+    const double bytes_w = bytes_mem - (m->m_tok.data != m->m_out.data
+                                            ? (double)m->m_tok.row_bytes * (double)(m->m_tok.rows - 1) : 0.0);
+    printf("model %s: %s, weights in memory %.1f MB, read per decoded token %.1f MB\n\n", model, c->name,
+           bytes_mem / 1e6, bytes_w / 1e6);
 
     printf("| what | tokens | tok/s | GFLOP/s | bound | %% of bound | 1-thread baseline tok/s |\n");
     printf("|---|---|---|---|---|---|---|\n");
     const int32_t lens[] = {512, 2048};
-    for (int li = 0; li < (quick ? 1 : 2); li++) {
+    for (int li = 0; li < (!prefill ? 0 : quick ? 1 : 2); li++) {
         const int32_t T = lens[li];
         double secs;
         double base = m1 ? prefill_tps(m1, T, NULL) : NAN;
@@ -164,9 +185,10 @@ int main(int argc, char **argv)
                peak, 100.0 * flops / secs / 1e9 / peak, base);
     }
     for (int li = 0; li < (quick ? 1 : 2); li++) {
-        const int32_t ctx = lens[li];
+        const int32_t ctx = only_ctx ? only_ctx : lens[li];
+        if (only_ctx && li) break;
         double base = m1 ? decode_tps(m1, ctx, 16) : NAN;
-        double tps = decode_tps(m, ctx, 32);
+        double tps = decode_tps(m, ctx, steps);
         const double bytes = bytes_w + 4.0 * 2 * (double)ctx * c->n_layer * c->n_kv_head * c->head_dim;
         const double bound = bw * 1e9 / bytes;
         printf("| decode (ctx) | %d | %.1f | - | %.1f tok/s (%.0f MB/token / %.1f GB/s) | %.0f%% | %.1f |\n",

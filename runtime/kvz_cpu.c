@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvz_attn.h"
 #include "kvz_error.h"
 #include "kvz_model_impl.h"
 #include "kvz_qdot.h"
@@ -78,7 +79,9 @@ static void linear(const kvz_wmat *W, int nw, const float *x, int n, int in, flo
         uint8_t *qa = (uint8_t *)work;
         if (in % 32 == 0) /* else every matrix is F32 (quantized types have blocks of >= 32) */
             for (int i = 0; i < n; i++) kvz_q8_quantize(x + (size_t)i * in, in, qa + (size_t)i * rb);
-#pragma omp parallel for schedule(static)
+        /* rows in chunks of 32 handed out as threads ask: a thread the OS preempts
+         * (the machine is shared) delays the op by one chunk, not by half of it */
+#pragma omp parallel for schedule(dynamic, 32)
         for (int64_t r = 0; r < off[nw]; r++) {
             int k = 0;
             while (r >= off[k + 1]) k++;
@@ -186,6 +189,149 @@ static const float *key_rows(const float *doc, const float *out, int ostride, in
     return tmp;
 }
 
+/* The LongFlow victim for layer l's next write from the per-head terms lf (nkv, B). */
+static void choose_victim(kvz_kv *kv, int32_t l, const float *lf)
+{
+    const int nkv = kv->n_kv_head;
+    const int32_t B = kv->out_slots;
+    int32_t best = -1;
+    float bv = INFINITY;
+    const int32_t *OP = kv->opos + (size_t)l * B;
+    for (int32_t j = kv->n_sink; j < B; j++) {
+        if (j == kv->newest[l]) continue;
+        float sj;
+        if (kv->out_policy == KVZ_OUT_WINDOW) {
+            sj = (float)OP[j]; /* oldest position goes first */
+        } else {
+            sj = 0.0f;
+            for (int h = 0; h < nkv; h++) sj += lf[(size_t)h * B + j];
+        }
+        if (sj < bv) { bv = sj; best = j; }
+    }
+    kv->victim[l] = best >= 0 ? best : B - 1;
+}
+
+/*
+ * Decode attention: one query token at qpos, no probe. Tasks (KV head, chunk of
+ * KVZ_ATTN_KCHUNK keys of doc [0, Lb) ++ output slots) run in parallel, each
+ * computing its chunk's scores (kvz_attn_scores), their max m_c, the exponentials
+ * exp(s - m_c) with their sum l_c, and the weighted value sum O_c (kvz_attn_pv);
+ * then per head the chunks merge at the common max M: out = Σ_c e^(m_c-M) O_c /
+ * Σ_c e^(m_c-M) l_c (c ascending). Chunks start at fixed key indices of the
+ * concatenation and every score depends on its own key only, so a key gives the
+ * same result in the document region or in the output buffer (bounded decoding
+ * reproduces unbounded decoding bit for bit, DESIGN §5). Scratch: nkv·grp·(W +
+ * nch·(hd + 2) + 2) floats of @p work; returns 1 (nothing done) when @p avail is
+ * less, and the caller takes the general path. LongFlow terms go to lf (nkv, B).
+ */
+static int attention_decode(kvz_kv *kv, int32_t l, const float *q, int32_t qpos, float *att, float *work,
+                            size_t avail, float *lf, int full_after)
+{
+    const kvz_config *c = &kv->m->cfg;
+    const int hd = c->head_dim, nkv = c->n_kv_head, grp = c->n_head / c->n_kv_head;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int32_t B = kv->out_slots, used = B ? kv->out_used[l] : 0;
+    const int ostride = nkv * hd;
+    int64_t wmax = 0;
+    for (int h = 0; h < nkv; h++) {
+        const size_t seg = (size_t)l * nkv + (size_t)h;
+        const int64_t w = visible(kv->pos + seg * (size_t)kv->cap, kv->len[seg], qpos) + used;
+        wmax = w > wmax ? w : wmax;
+    }
+    const int64_t nch = (wmax + KVZ_ATTN_KCHUNK - 1) / KVZ_ATTN_KCHUNK;
+    const size_t need = (size_t)nkv * grp * ((size_t)wmax + (size_t)nch * (hd + 2) + 2);
+    if (need > avail) return 1;
+    float *S = work;                                        /* (nkv, grp, wmax) */
+    float *Mc = S + (size_t)nkv * grp * wmax;               /* (nkv, nch, grp) chunk maxima */
+    float *Lc = Mc + (size_t)nkv * nch * grp;               /* (nkv, nch, grp) chunk sums */
+    float *Oc = Lc + (size_t)nkv * nch * grp;               /* (nkv, nch, grp, hd) */
+    float *Mg = Oc + (size_t)nkv * nch * grp * hd, *Lg = Mg + grp; /* (grp) per head, merge */
+    const int isa = kvz_qdot_active_isa();
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t task = 0; task < nkv * nch; task++) {
+        const int h = (int)(task / nch);
+        const int64_t ci = task % nch;
+        const size_t seg = (size_t)l * nkv + (size_t)h;
+        const float *K = kv->k + seg * (size_t)kv->cap * hd, *V = kv->v + seg * (size_t)kv->cap * hd;
+        const int64_t Lb = visible(kv->pos + seg * (size_t)kv->cap, kv->len[seg], qpos), W = Lb + used;
+        const float *OK = B ? kv->ok + ((size_t)l * B * nkv + (size_t)h) * hd : NULL;
+        const float *OV = B ? kv->ov + ((size_t)l * B * nkv + (size_t)h) * hd : NULL;
+        const int32_t *OP = B ? kv->opos + (size_t)l * B : NULL;
+        const float *qh = q + (size_t)h * grp * hd;
+        float *Sh = S + (size_t)h * grp * wmax, *m = Mc + (size_t)task * grp, *ls = Lc + (size_t)task * grp;
+        float *O = Oc + (size_t)task * grp * hd;
+        const int64_t t0 = ci * KVZ_ATTN_KCHUNK, t1 = t0 + KVZ_ATTN_KCHUNK < W ? t0 + KVZ_ATTN_KCHUNK : W;
+        memset(O, 0, sizeof(float) * (size_t)grp * hd);
+        if (t0 >= W) {
+            for (int g = 0; g < grp; g++) { m[g] = -INFINITY; ls[g] = 0.0f; }
+            continue;
+        }
+        const int64_t dn = t1 < Lb ? t1 : Lb, o0 = t0 > Lb ? t0 : Lb; /* doc [t0, dn), slots [o0, t1) */
+        if (t0 < dn) kvz_attn_scores(isa, qh, grp, hd, K + (size_t)t0 * hd, hd, dn - t0, scale, Sh + t0, wmax);
+        if (o0 < t1) {
+            kvz_attn_scores(isa, qh, grp, hd, OK + (size_t)(o0 - Lb) * ostride, ostride, t1 - o0, scale, Sh + o0,
+                            wmax);
+            for (int64_t t = o0; t < t1; t++)
+                if (OP[t - Lb] < 0 || OP[t - Lb] > qpos)
+                    for (int g = 0; g < grp; g++) Sh[(size_t)g * wmax + t] = -INFINITY;
+        }
+        for (int g = 0; g < grp; g++) {
+            float *row = Sh + (size_t)g * wmax + t0;
+            m[g] = kvz_max(row, t1 - t0);
+            if (m[g] == -INFINITY) {
+                memset(row, 0, sizeof(float) * (size_t)(t1 - t0));
+                ls[g] = 0.0f;
+            } else {
+                ls[g] = kvz_exp_sub_sum(row, t1 - t0, m[g]);
+            }
+        }
+        if (t0 < dn) kvz_attn_pv(isa, Sh + t0, wmax, grp, V + (size_t)t0 * hd, hd, dn - t0, hd, O);
+        if (o0 < t1) kvz_attn_pv(isa, Sh + o0, wmax, grp, OV + (size_t)(o0 - Lb) * ostride, ostride, t1 - o0, hd, O);
+    }
+    for (int h = 0; h < nkv; h++) {
+        for (int g = 0; g < grp; g++) {
+            float mx = -INFINITY, tot = 0.0f;
+            for (int64_t ci = 0; ci < nch; ci++) {
+                const float v = Mc[((size_t)h * nch + ci) * grp + g];
+                mx = v > mx ? v : mx;
+            }
+            float *out = att + ((size_t)h * grp + g) * hd;
+            memset(out, 0, sizeof(float) * (size_t)hd);
+            if (mx != -INFINITY)
+                for (int64_t ci = 0; ci < nch; ci++) {
+                    const size_t tg = ((size_t)h * nch + ci) * grp + g;
+                    const float f = kvz_expf(Mc[tg] - mx);
+                    tot += f * Lc[tg];
+                    const float *o = Oc + tg * hd;
+                    for (int d = 0; d < hd; d++) out[d] += f * o[d];
+                }
+            const float inv = tot > 0.0f ? 1.0f / tot : 0.0f;
+            for (int d = 0; d < hd; d++) out[d] *= inv;
+            Mg[g] = mx;
+            Lg[g] = inv;
+        }
+        if (full_after) {
+            const size_t seg = (size_t)l * nkv + (size_t)h;
+            const int64_t Lb = visible(kv->pos + seg * (size_t)kv->cap, kv->len[seg], qpos);
+            const float *OV = kv->ov + ((size_t)l * B * nkv + (size_t)h) * hd;
+            for (int32_t j = 0; j < used; j++) {
+                const float *vj = OV + (size_t)j * ostride;
+                float l1 = 0.0f;
+                for (int d = 0; d < hd; d++) l1 += fabsf(vj[d]);
+                const int64_t t = Lb + j, ci = t / KVZ_ATTN_KCHUNK;
+                float p = 0.0f;
+                for (int g = 0; g < grp; g++) {
+                    const float mc = Mc[((size_t)h * nch + ci) * grp + g];
+                    if (Mg[g] != -INFINITY)
+                        p += S[((size_t)h * grp + g) * wmax + t] * kvz_expf(mc - Mg[g]) * Lg[g];
+                }
+                lf[(size_t)h * B + j] = p * l1;
+            }
+        }
+    }
+    return 0;
+}
+
 /*
  * Attention of n queries q (n, n_head, hd) at positions pos0.. over layer l's
  * cache (document segments + output buffer), output att (n, n_head*hd).
@@ -203,6 +349,11 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
     const int32_t B = kv->out_slots, used = B ? kv->out_used[l] : 0;
     const int full_after = B && used == B;
     float *lf = work + work_floats - (size_t)nkv * B; /* (nkv, B) per-head LongFlow terms */
+    if (n == 1 && !kv->probe.scores &&
+        !attention_decode(kv, l, q, pos0, att, work, work_floats - (size_t)nkv * B, lf, full_after)) {
+        if (full_after) choose_victim(kv, l, lf);
+        return 0;
+    }
     const int nthr = omp_get_max_threads();
     const size_t slice = (work_floats - (size_t)nkv * B) / (size_t)nthr;
     int64_t wmax = 0;
@@ -305,23 +456,7 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
             }
         }
     }
-    if (full_after) {
-        int32_t best = -1;
-        float bv = INFINITY;
-        const int32_t *OP = kv->opos + (size_t)l * B;
-        for (int32_t j = kv->n_sink; j < B; j++) {
-            if (j == kv->newest[l]) continue;
-            float sj;
-            if (kv->out_policy == KVZ_OUT_WINDOW) {
-                sj = (float)OP[j]; /* oldest position goes first */
-            } else {
-                sj = 0.0f;
-                for (int h = 0; h < nkv; h++) sj += lf[(size_t)h * B + j];
-            }
-            if (sj < bv) { bv = sj; best = j; }
-        }
-        kv->victim[l] = best >= 0 ? best : B - 1;
-    }
+    if (full_after) choose_victim(kv, l, lf);
     return 0;
 }
 

@@ -1,0 +1,40 @@
+/**
+ * @file kvz_attn.h
+ * @brief Decode attention kernels (CPU): the scores of a few query rows against a
+ *        run of cached keys, and the probability-weighted sum of the values.
+ *
+ * The CPU backend's decode attention (one query token; its grp = n_head/n_kv_head
+ * query heads per KV head) splits each head's keys into fixed 256-key chunks,
+ * runs one task per (KV head, chunk) on these kernels and merges the chunks'
+ * partial softmaxes (kvz_cpu.c). OpenBLAS SGEMM spent most of its time packing
+ * operands for these thin products (7 x 2048 x 64 for Qwen2.5-0.5B).
+ *
+ * A scalar reference (tests) and an AVX2+FMA path, chosen with the ISA of
+ * kvz_qdot (KVZ_ISA_*; kvz_qdot_active_isa() in the runtime). Every output
+ * element is computed from its own inputs only (no dependence on where a row sits
+ * in a run or on the run's length), so a key gives the same score whether it
+ * lies in the document region or in the output buffer.
+ */
+#ifndef KVZ_ATTN_H
+#define KVZ_ATTN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** s[g·lds + t] = scale · (q_g · k_t) for g < grp, t < nt; q: (grp, hd)
+ *  contiguous, k_t = k + t·ldk. */
+void kvz_attn_scores(int isa, const float *q, int grp, int hd, const float *k, int64_t ldk, int64_t nt,
+                     float scale, float *s, int64_t lds);
+
+/** o[g·hd + d] += Σ_{t<nt} p[g·ldp + t] · v_t[d] for g < grp (t ascending);
+ *  v_t = v + t·ldv. */
+void kvz_attn_pv(int isa, const float *p, int64_t ldp, int grp, const float *v, int64_t ldv, int64_t nt,
+                 int hd, float *o);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

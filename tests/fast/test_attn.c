@@ -1,0 +1,125 @@
+/* kvz_attn: the decode attention kernels (scores q·k, probability-weighted value
+ * sums), every ISA this CPU has, on random rows: head sizes 64 and 128 (the SIMD
+ * paths) and 24 / 40 (scalar fallback), 1..7 query heads, runs of 1..300 keys
+ * (SIMD tails), row strides wider than a row, values from 1e-6 to 1e4 with
+ * outliers and zero rows.
+ *
+ * Truth is computed here in double. Tolerance: fp32 accumulation over hd (or nt)
+ * terms, |got - truth| <= 4e-7 · Σ|terms| · sqrt(len) + 1e-30; a wrong row, stride
+ * or lane moves a result by a whole term.
+ * Also checked: the kernels give bit-identical results when a run is split into
+ * two calls (the CPU backend splits a chunk of keys between the document region
+ * and the output buffer, and bounded decoding must reproduce unbounded decoding
+ * bit for bit). */
+#include <stdint.h>
+
+#include "kvz_attn.h"
+#include "kvz_qdot.h"
+#include "kvz_test.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ULL;
+static uint32_t rnd(void)
+{
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float rndu(void) { return (float)(rnd() & 0xffffff) / 16777216.0f; }
+
+/* a row of values: ordinary, tiny, large, zero, or with one outlier */
+static void fill_row(float *x, int n)
+{
+    const int kind = (int)(rnd() % 6);
+    const float mag = kind == 0 ? 0.0f : kind == 1 ? 1e4f : kind == 2 ? 1e-6f : 1.0f;
+    for (int i = 0; i < n; i++) x[i] = mag * (2.0f * rndu() - 1.0f);
+    if (kind == 3) x[rnd() % (unsigned)n] = 300.0f;
+}
+
+static int fails[3], worst_isa = -1;
+static double worst;
+
+static void note(int isa, const char *what, double got, double truth, double mag, int len)
+{
+    const double err = fabs(got - truth), tol = 4e-7 * mag * sqrt((double)len) + 1e-30;
+    if (!(err <= tol) && fails[isa]++ < 5)
+        fprintf(stderr, "%s %s: got %.9g truth %.9g (|err| %.3g > tol %.3g)\n", what, kvz_isa_name(isa), got,
+                truth, err, tol);
+    if (mag > 0 && err / mag > worst) { worst = err / mag; worst_isa = isa; }
+}
+
+static void trial(int hd, int grp, int64_t nt)
+{
+    const int64_t ldk = hd + (rnd() % 2 ? 0 : 8 * (int64_t)(1 + rnd() % 3)), lds = nt + (int64_t)(rnd() % 5);
+    float *q = malloc(sizeof(float) * (size_t)grp * hd), *k = malloc(sizeof(float) * (size_t)(nt * ldk));
+    float *p = malloc(sizeof(float) * (size_t)(grp * lds)), *s = malloc(sizeof(float) * (size_t)(grp * lds));
+    float *s2 = malloc(sizeof(float) * (size_t)(grp * lds));
+    float *o = malloc(sizeof(float) * (size_t)grp * hd), *o2 = malloc(sizeof(float) * (size_t)grp * hd);
+    float *o0 = malloc(sizeof(float) * (size_t)grp * hd);
+    for (int g = 0; g < grp; g++) fill_row(q + (size_t)g * hd, hd);
+    for (int64_t t = 0; t < nt; t++) fill_row(k + t * ldk, (int)ldk);
+    for (int g = 0; g < grp; g++)
+        for (int64_t t = 0; t < lds; t++) p[g * lds + t] = rndu() * (rnd() % 4 ? 1.0f : 1e-5f);
+    for (int g = 0; g < grp; g++) fill_row(o0 + (size_t)g * hd, hd);
+    const float scale = 0.125f + rndu();
+    const int64_t cut = nt > 1 ? 1 + (int64_t)(rnd() % (uint32_t)(nt - 1)) : 0;
+    for (int isa = KVZ_ISA_SCALAR; isa <= kvz_qdot_cpu_isa(); isa++) {
+        /* scores, against double; then split at cut: bit-identical */
+        kvz_attn_scores(isa, q, grp, hd, k, ldk, nt, scale, s, lds);
+        for (int g = 0; g < grp; g++)
+            for (int64_t t = 0; t < nt; t++) {
+                double tr = 0, mag = 0;
+                for (int d = 0; d < hd; d++) {
+                    tr += (double)q[g * hd + d] * k[t * ldk + d];
+                    mag += fabs((double)q[g * hd + d] * k[t * ldk + d]);
+                }
+                note(isa, "scores", s[g * lds + t], scale * tr, scale * mag, hd);
+            }
+        if (cut) {
+            kvz_attn_scores(isa, q, grp, hd, k, ldk, cut, scale, s2, lds);
+            kvz_attn_scores(isa, q, grp, hd, k + cut * ldk, ldk, nt - cut, scale, s2 + cut, lds);
+            int same = 1;
+            for (int g = 0; g < grp; g++)
+                for (int64_t t = 0; t < nt; t++) same &= memcmp(&s[g * lds + t], &s2[g * lds + t], 4) == 0;
+            CHECKF(same, "scores %s hd=%d grp=%d nt=%lld: split at %lld differs", kvz_isa_name(isa), hd, grp,
+                   (long long)nt, (long long)cut);
+        }
+        /* weighted values: v rows are the k rows; o starts from o0 (accumulates) */
+        memcpy(o, o0, sizeof(float) * (size_t)grp * hd);
+        kvz_attn_pv(isa, p, lds, grp, k, ldk, nt, hd, o);
+        for (int g = 0; g < grp; g++)
+            for (int d = 0; d < hd; d++) {
+                double tr = o0[g * hd + d], mag = fabs((double)o0[g * hd + d]);
+                for (int64_t t = 0; t < nt; t++) {
+                    tr += (double)p[g * lds + t] * k[t * ldk + d];
+                    mag += fabs((double)p[g * lds + t] * k[t * ldk + d]);
+                }
+                note(isa, "pv", o[g * hd + d], tr, mag, (int)nt + 1);
+            }
+        if (cut) {
+            memcpy(o2, o0, sizeof(float) * (size_t)grp * hd);
+            kvz_attn_pv(isa, p, lds, grp, k, ldk, cut, hd, o2);
+            kvz_attn_pv(isa, p + cut, lds, grp, k + cut * ldk, ldk, nt - cut, hd, o2);
+            CHECKF(memcmp(o, o2, sizeof(float) * (size_t)grp * hd) == 0,
+                   "pv %s hd=%d grp=%d nt=%lld: split at %lld differs", kvz_isa_name(isa), hd, grp, (long long)nt,
+                   (long long)cut);
+        }
+    }
+    free(q); free(k); free(p); free(s); free(s2); free(o); free(o2); free(o0);
+}
+
+int main(void)
+{
+    static const int HD[] = {64, 128, 24, 40};
+    int runs = 0;
+    for (size_t h = 0; h < sizeof HD / sizeof HD[0]; h++)
+        for (int r = 0; r < 40; r++) {
+            const int grp = 1 + (int)(rnd() % 7);
+            const int64_t nt = r < 10 ? 1 + r : 1 + (int64_t)(rnd() % 300);
+            trial(HD[h], grp, nt);
+            runs++;
+        }
+    printf("attn: %d runs, ISAs scalar..%s, worst |err|/sum|terms| = %.2g (%s)\n", runs,
+           kvz_isa_name(kvz_qdot_cpu_isa()), worst, worst_isa >= 0 ? kvz_isa_name(worst_isa) : "-");
+    for (int isa = 0; isa <= kvz_qdot_cpu_isa(); isa++)
+        CHECKF(fails[isa] == 0, "%d results out of tolerance on %s", fails[isa], kvz_isa_name(isa));
+    return kvz_test_summary();
+}
