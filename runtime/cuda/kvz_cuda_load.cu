@@ -55,13 +55,17 @@ extern "C" int kvz_cuda_load_slots(kvz_model *m, size_t slot_bytes, int nslot, v
     return 0;
 }
 
-extern "C" int kvz_cuda_load_layer(kvz_kv *kv, int32_t layer, int slot, int dtype, const uint32_t *counts,
-                                   int32_t row0, size_t k_off, size_t v_off, size_t pos_off, size_t bytes)
+/* Both layer uploads: @p bytes from @p src (NULL: slot @p slot's pinned buffer) copied,
+ * piece by piece at @p cuts, to the slot's device buffer + @p shift, then one kernel
+ * converts the rows into cache rows row0.. of each head and an event marks the slot. */
+static int load_into(kvz_kv *kv, int32_t layer, int slot, const void *src, size_t bytes, size_t shift, int dtype,
+                     const uint32_t *counts, int32_t row0, size_t k_off, size_t v_off, size_t pos_off,
+                     const size_t *cuts, int n_cuts)
 {
     kvz_cuda_cache *cc = kv->cuda;
     kvz_cuda_model *g = kv->m->cuda;
-    if (!cc || !g || slot < 0 || slot >= g->ld_n || bytes > g->ld_bytes || layer < 0 ||
-        layer >= kv->n_layer || kv->n_kv_head > 64)
+    if (!cc || !g || slot < 0 || slot >= g->ld_n || bytes + shift > g->ld_bytes || layer < 0 ||
+        layer >= kv->n_layer || kv->n_kv_head > 64 || row0 < 0)
         return kvz_error_set(KVZ_ERR_ARG, "load_layer: bad arguments");
     int32_t rows[64];
     for (int32_t h = 0; h < kv->n_kv_head; h++) {
@@ -71,43 +75,33 @@ extern "C" int kvz_cuda_load_layer(kvz_kv *kv, int32_t layer, int slot, int dtyp
         rows[h] = (int32_t)counts[h];
     }
     const cudaStream_t s = g->s;
-    char *d = (char *)g->ld_d[slot];
-    if (bytes) KVZ_CUDA_TRY(cudaMemcpyAsync(d, g->ld_h[slot], bytes, cudaMemcpyHostToDevice, s));
+    const char *from = src ? (const char *)src : (const char *)g->ld_h[slot];
+    char *d = (char *)g->ld_d[slot] + shift;
+    for (int i = 0; i <= n_cuts; i++) { /* one copy per registration the source lies in */
+        const size_t lo = i ? cuts[i - 1] : 0, hi = i < n_cuts ? cuts[i] : bytes;
+        if (hi < lo || hi > bytes) return kvz_error_set(KVZ_ERR_ARG, "load_layer: bad cuts");
+        if (hi > lo) KVZ_CUDA_TRY(cudaMemcpyAsync(d + lo, from + lo, hi - lo, cudaMemcpyHostToDevice, s));
+    }
     TRY(kvz_cuda_kv_load(s, &cc->L[layer], dtype, rows, row0, d + k_off, d + v_off, (const uint32_t *)(d + pos_off)));
     KVZ_CUDA_TRY(cudaEventRecord(g->ld_ev[slot], s));
     for (int32_t h = 0; h < kv->n_kv_head; h++) kv->len[(size_t)layer * kv->n_kv_head + h] = row0 + rows[h];
     return 0;
 }
 
+extern "C" int kvz_cuda_load_layer(kvz_kv *kv, int32_t layer, int slot, int dtype, const uint32_t *counts,
+                                   int32_t row0, size_t k_off, size_t v_off, size_t pos_off, size_t bytes)
+{
+    return load_into(kv, layer, slot, NULL, bytes, 0, dtype, counts, row0, k_off, v_off, pos_off, NULL, 0);
+}
+
 extern "C" int kvz_cuda_load_layer_src(kvz_kv *kv, int32_t layer, int slot, const void *src, size_t bytes, int dtype,
                                        const uint32_t *counts, int32_t row0, size_t k_off, size_t v_off,
                                        size_t pos_off, const size_t *cuts, int n_cuts)
 {
-    kvz_cuda_cache *cc = kv->cuda;
-    kvz_cuda_model *g = kv->m->cuda;
-    const size_t shift = (16 - k_off % 16) % 16; /* the kernel reads f16/bf16/f32 rows 16 bytes at a time */
-    if (!cc || !g || !src || slot < 0 || slot >= g->ld_n || bytes + shift > g->ld_bytes || layer < 0 ||
-        layer >= kv->n_layer || kv->n_kv_head > 64 || row0 < 0)
-        return kvz_error_set(KVZ_ERR_ARG, "load_layer_src: bad arguments");
-    int32_t rows[64];
-    for (int32_t h = 0; h < kv->n_kv_head; h++) {
-        if ((int64_t)counts[h] + row0 > kv->cap)
-            return kvz_error_set(KVZ_ERR_CONTEXT, "layer %d head %d: %lld rows exceed the cache capacity %lld",
-                                 layer, h, (long long)counts[h] + row0, (long long)kv->cap);
-        rows[h] = (int32_t)counts[h];
-    }
-    const cudaStream_t s = g->s;
-    char *d = (char *)g->ld_d[slot] + shift;
-    for (int i = 0; i <= n_cuts; i++) { /* one copy per registration the source lies in */
-        const size_t lo = i ? cuts[i - 1] : 0, hi = i < n_cuts ? cuts[i] : bytes;
-        if (hi < lo || hi > bytes) return kvz_error_set(KVZ_ERR_ARG, "load_layer_src: bad cuts");
-        if (hi > lo)
-            KVZ_CUDA_TRY(cudaMemcpyAsync(d + lo, (const char *)src + lo, hi - lo, cudaMemcpyHostToDevice, s));
-    }
-    TRY(kvz_cuda_kv_load(s, &cc->L[layer], dtype, rows, row0, d + k_off, d + v_off, (const uint32_t *)(d + pos_off)));
-    KVZ_CUDA_TRY(cudaEventRecord(g->ld_ev[slot], s));
-    for (int32_t h = 0; h < kv->n_kv_head; h++) kv->len[(size_t)layer * kv->n_kv_head + h] = row0 + rows[h];
-    return 0;
+    if (!src) return kvz_error_set(KVZ_ERR_ARG, "load_layer_src: no source");
+    /* shifted so that K lands 16-byte aligned: the kernel reads f16/bf16/f32 rows 16 bytes at a time */
+    return load_into(kv, layer, slot, src, bytes, (16 - k_off % 16) % 16, dtype, counts, row0, k_off, v_off, pos_off,
+                     cuts, n_cuts);
 }
 
 extern "C" int kvz_cuda_load_wait(kvz_model *m, int slot)
