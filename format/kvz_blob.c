@@ -503,6 +503,14 @@ int kvz_blob_check(const uint8_t *rec, size_t len, kvz_blob_info *info)
     return check_rec(rec, len, info, NULL);
 }
 
+int kvz_blob_header_codec(const uint8_t *hdr)
+{
+    if (!hdr || memcmp(hdr + H_MAGIC, KVZ_BLOB_MAGIC, 4) || hdr[H_KIND] != KVZ_BLOB_KIND_LAYER) return -1;
+    const uint16_t ver = get16(hdr + H_VERSION);
+    if (ver < KVZ_BLOB_VERSION_MIN || ver > KVZ_BLOB_VERSION) return -1;
+    return hdr[H_CODEC];
+}
+
 uint64_t kvz_blob_record_seed(const uint8_t *hdr)
 {
     return XXH3_64bits(hdr, H_REC_XXH3);

@@ -299,6 +299,15 @@ int kvz_blob_decode_meta(const uint8_t *rec, size_t len, const uint8_t *expected
 uint64_t kvz_blob_record_seed(const uint8_t *hdr);
 
 /**
+ * The codec of a LAYER record from its header alone (@p hdr: KVZ_BLOB_HEADER_SIZE
+ * bytes; nothing is verified beyond the magic, version and kind): KVZ_BLOB_CODEC_*,
+ * or -1 when the header is not a LAYER record's of a version this build reads. For a
+ * reader that starts using a codec-none record before its checksum is known; it must
+ * still verify the whole record (kvz_blob_layer_placed()) before the data counts.
+ */
+int kvz_blob_header_codec(const uint8_t *hdr);
+
+/**
  * For a codec-none LAYER record that the caller copied into memory and hashed
  * itself (@p rec_hash, see kvz_blob_record_seed()): every check of
  * kvz_blob_decode_layer() on the record and its positions, without copying or

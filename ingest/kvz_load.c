@@ -133,23 +133,37 @@ static void *load_worker(void *arg)
         uint8_t *s = j->gpu ? j->slots[slot] : buf;
         const kvz_load_at da = doc_at(j, l);
         rc = KVZ_ERR_UNSUPPORTED;
-        if (j->direct && da.len >= j->direct_min) { /* pinned, then verified in the map: no host copy */
+        const uint8_t *spec = NULL; /* direct: the record in the pinned map, uploaded while it is verified */
+        if (j->direct && da.len >= j->direct_min) { /* no host copy */
             const uint8_t *rec;
-            rc = kvz_load_record_mapped(&rd, bm, j->hash, l, da, &rec);
+            rc = kvz_load_record_peek(&rd, l, j->hash, da, &rec);
             if (!rc) {
                 const double t0 = kvz_now();
-                if (kvz_store_pin(rd.r, rec, da.len, &j->pinner, j->cuts[l], MAX_CUTS, &j->n_cuts[l])) {
+                if (kvz_store_pin(rd.r, rec, da.len, &j->pinner, j->cuts[l], MAX_CUTS, &j->n_cuts[l]))
                     rc = KVZ_ERR_UNSUPPORTED; /* over the budget, or the driver cannot pin: copy instead */
-                    rd.pf.records_direct--;
-                    rd.pf.bytes -= da.len;
-                } else {
-                    j->src[l] = rec;
-                }
+                else
+                    spec = rec;
                 pf->register_s += kvz_now() - t0;
             }
         }
         if (rc == KVZ_ERR_UNSUPPORTED) rc = kvz_load_record(&rd, bm, j->hash, 0, l, s, da);
         if (!rc && j->pm) rc = kvz_load_record(&rd, j->pm, j->pm_hash, 1, l, s, pre_at(j, l));
+        if (!rc && spec) {
+            /* the upload starts now; the record is verified meanwhile (checksum, q8/q4 rows,
+             * header, positions) and a failure fails the load, so its rows are never used:
+             * the bytes cannot change while the load's read transaction is open */
+            if (j->trace) j->trace[l].ready_s = kvz_now() - j->t0;
+            pthread_mutex_lock(&j->sy.mu);
+            j->src[l] = spec;
+            j->slot_of[l] = (int8_t)slot;
+            j->ready[l] = 1;
+            pthread_cond_broadcast(&j->sy.cv);
+            pthread_mutex_unlock(&j->sy.mu);
+            const uint8_t *rec = NULL;
+            rc = kvz_load_record_mapped(&rd, bm, j->hash, l, da, &rec);
+            if (rc == KVZ_ERR_UNSUPPORTED || (!rc && rec != spec))
+                rc = kvz_error_set(KVZ_ERR_INTERNAL, "layer %u: the record changed in the map during the load", l);
+        }
         if (!rc && !j->gpu) {
             const double t0 = kvz_now();
             const uint64_t kept = kvz_blob_layer_kept(bm, l);
@@ -188,13 +202,15 @@ static void *load_worker(void *arg)
         }
         if (j->trace) {
             kvz_load_layer_time *tr = &j->trace[l];
-            tr->ready_s = kvz_now() - j->t0;
+            tr->checked_s = kvz_now() - j->t0;
+            if (!spec) tr->ready_s = tr->checked_s;
             tr->bytes = rd.pf.bytes - before.bytes;
             tr->raw = da.len + (j->pm ? pre_at(j, l).len : 0);
             tr->route = rd.pf.records_direct > before.records_direct ? 'd'
                       : rd.pf.records_zstd > before.records_zstd   ? 'z'
                       : rd.pf.records_mapped > before.records_mapped ? 'm' : 'c';
         }
+        if (spec) continue; /* published above */
         pthread_mutex_lock(&j->sy.mu);
         if (j->gpu) j->slot_of[l] = (int8_t)slot;
         j->ready[l] = 1;

@@ -20,13 +20,16 @@
  *     back once the device has copied it, and one kernel per layer converts the
  *     stored rows (f32/f16/bf16/q8/q4, common/kvz_kvdtype.h) into the bf16 cache.
  *     The host never converts a value. With kvz_load_opts.direct, a codec-none
- *     record of the document (≥ direct_min) skips the host copy: a worker checks it
- *     where it lies in the LMDB map (record checksum, rows, header, positions), has
- *     the store pin its region of the map with the driver (kvz_store_pin:
- *     cudaHostRegister, read-only, 64 MiB pieces kept until the store closes or its
- *     map moves) and the calling thread uploads it from there (the direct route; the
- *     calling thread's read transaction, older than the workers', keeps writers off
- *     those pages until the upload is done).
+ *     record of the document (≥ direct_min) skips the host copy: a worker finds it
+ *     where it lies in the LMDB map (its header says codec none), has the store pin
+ *     its region of the map with the driver (kvz_store_pin: cudaHostRegister,
+ *     read-only, 64 MiB pieces kept until the store closes or its map moves), hands
+ *     it to the calling thread, which uploads it from there, and verifies it in the
+ *     map meanwhile (record checksum, rows, header, positions: the checks of the copy
+ *     route). The load returns only after every record is verified, and one that
+ *     fails fails the load, so rows uploaded from a damaged record are never used
+ *     (the direct route; the calling thread's read transaction, older than the
+ *     workers', keeps writers off those pages until the upload is done).
  * Errors are those of kvz_doc_load(); the first failing layer's error wins and
  * nothing is returned (no partial cache).
  * Thread safety: the model is used by the calling thread only (as kvz_forward);
@@ -68,7 +71,10 @@ typedef struct kvz_load_profile {
 /** One layer's timeline (kvz_load_opts.trace): seconds from the start of the load. */
 typedef struct kvz_load_layer_time {
     double claim_s;    /**< a worker took the layer (and a staging slot) */
-    double ready_s;    /**< its records were read, verified and decoded */
+    double ready_s;    /**< its records were read, verified and decoded; direct route: the
+                            record was found in the pinned map (its upload may start) */
+    double checked_s;  /**< its records were verified (= ready_s except on the direct route,
+                            which verifies while the upload runs) */
     double upload_s;   /**< the calling thread had queued its upload (GPU) */
     uint64_t bytes;    /**< stored bytes of its records */
     uint64_t raw;      /**< their codec-none bytes (bytes < raw: zstd saved the difference) */

@@ -114,6 +114,22 @@ static int bad_rows(const kvz_blob_meta *m, uint32_t l, uint64_t kept, uint64_t 
                          (unsigned long long)(isv ? bad - kept : bad), kvz_kv_dtype_name(m->dtype));
 }
 
+int kvz_load_record_peek(kvz_load_reader *w, uint32_t l, const uint8_t hash[16], kvz_load_at at, const uint8_t **rec)
+{
+    *rec = NULL;
+    if (w->map_only) return KVZ_ERR_UNSUPPORTED;
+    uint8_t hdr[KVZ_BLOB_HEADER_SIZE];
+    const uint8_t *r = NULL;
+    size_t len = 0;
+    const double t0 = kvz_now();
+    int rc = at.len >= sizeof hdr ? kvz_store_map_peek(w->r, hash, l, at.len, &r, &len, hdr, sizeof hdr) : 0;
+    w->pf.hash_s += kvz_now() - t0;
+    if (rc) return rc;
+    if (!r || kvz_blob_header_codec(hdr) != KVZ_BLOB_CODEC_NONE) return KVZ_ERR_UNSUPPORTED; /* the other routes */
+    *rec = r;
+    return 0;
+}
+
 int kvz_load_record_mapped(kvz_load_reader *w, const kvz_blob_meta *m, const uint8_t hash[16], uint32_t l,
                            kvz_load_at at, const uint8_t **rec)
 {

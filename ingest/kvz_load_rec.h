@@ -84,6 +84,17 @@ int kvz_load_record(kvz_load_reader *w, const kvz_blob_meta *m, const uint8_t ha
                     uint8_t *dst, kvz_load_at at);
 
 /**
+ * The first step of the direct route: where LAYER record @p l of blob @p hash lies in
+ * the map (kvz_store_map_peek), when it has the length @p at.len and its header says
+ * codec none; nothing else is read or verified. The caller may start an upload from
+ * @p *rec and must then verify it with kvz_load_record_mapped() (same record) before
+ * the load counts: an upload of a record that fails there is thrown away with the load.
+ * @return 0; KVZ_ERR_UNSUPPORTED (another length or codec, map_only, or the map is not
+ *   the data file: take kvz_load_record); the store's errors.
+ */
+int kvz_load_record_peek(kvz_load_reader *w, uint32_t l, const uint8_t hash[16], kvz_load_at at, const uint8_t **rec);
+
+/**
  * The direct route of the CUDA loader: LAYER record @p l of blob @p hash, when it is
  * codec none, verified where it lies in the LMDB map (record checksum, q8/q4 rows,
  * header and positions, as the copy route checks them) and returned in @p *rec for

@@ -2812,15 +2812,14 @@ static int map_pieces_fn(void *vc)
     return 0;
 }
 
-int kvz_store_map_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, size_t cap, const uint8_t **rec,
-                        size_t *len, kvz_store_piece_fn piece, void *user)
+/* LAYER record @p l of @p hash in the map when it is @p cap bytes long (else *rec NULL,
+ * *len its length), after the checks that it lies inside data.mdb; @p what names it */
+static int map_record(kvz_store_read *r, const uint8_t hash[16], uint32_t l, size_t cap, const uint8_t **rec,
+                      size_t *len, char what[400])
 {
-    if (!r || !hash || !rec || !len || !piece) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
-    if (l == KVZ_BLOB_META_LAYER) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: bad layer index");
     *rec = NULL;
     *len = 0;
     getval_ctx g;
-    char what[400];
     const int frc = find_record(r, r->s->blobs, 0, hash, l, &g, what);
     if (frc) return frc;
     *len = g.v.mv_size;
@@ -2833,9 +2832,23 @@ int kvz_store_map_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, s
     if ((uint64_t)st.st_size < off + cap)
         return damaged("%s: data.mdb ends at byte %llu, inside it (the file is shorter than its B-tree says)", what,
                        (unsigned long long)st.st_size);
+    *rec = g.v.mv_data;
+    return 0;
+}
+
+int kvz_store_map_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, size_t cap, const uint8_t **rec,
+                        size_t *len, kvz_store_piece_fn piece, void *user)
+{
+    if (!r || !hash || !rec || !len || !piece) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    if (l == KVZ_BLOB_META_LAYER) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: bad layer index");
+    char what[400];
+    int rc = map_record(r, hash, l, cap, rec, len, what);
+    if (rc || !*rec) {
+        *rec = NULL;
+        return rc;
+    }
     map_pieces_ctx c = {cap, piece, user, 0};
     int sig = 0;
-    *rec = g.v.mv_data; /* the pieces read through it */
     if (guarded(map_pieces_fn, &c, &sig) == FAULT_INTERNAL) {
         char w2[440];
         snprintf(w2, sizeof w2, "reading %s", what);
@@ -2844,6 +2857,41 @@ int kvz_store_map_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, s
     }
     if (c.rc) *rec = NULL;
     return c.rc;
+}
+
+typedef struct {
+    const uint8_t *src;
+    void *dst;
+    size_t n;
+} peek_ctx;
+
+static int peek_fn(void *vc)
+{
+    peek_ctx *c = vc;
+    memcpy(c->dst, c->src, c->n);
+    return 0;
+}
+
+int kvz_store_map_peek(kvz_store_read *r, const uint8_t hash[16], uint32_t l, size_t cap, const uint8_t **rec,
+                       size_t *len, void *head, size_t head_len)
+{
+    if (!r || !hash || !rec || !len || (head_len && !head)) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: NULL argument");
+    if (l == KVZ_BLOB_META_LAYER) return kvz_error_set(KVZ_ERR_ARG, "kvz_store: bad layer index");
+    char what[400];
+    int rc = map_record(r, hash, l, cap, rec, len, what);
+    if (rc || !*rec) {
+        *rec = NULL;
+        return rc;
+    }
+    peek_ctx c = {*rec, head, head_len < cap ? head_len : cap};
+    int sig = 0;
+    if (c.n && guarded(peek_fn, &c, &sig) == FAULT_INTERNAL) {
+        char w2[440];
+        snprintf(w2, sizeof w2, "reading %s", what);
+        *rec = NULL;
+        return fault_err(sig, w2);
+    }
+    return 0;
 }
 
 #define PIN_CHUNK ((uintptr_t)64 << 20) /* pins are whole 64 MiB pieces of the map (the file's end cuts the last) */

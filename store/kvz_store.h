@@ -301,6 +301,18 @@ int kvz_store_copy_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, 
 int kvz_store_map_layer(kvz_store_read *r, const uint8_t hash[16], uint32_t l, size_t cap, const uint8_t **rec,
                         size_t *len, kvz_store_piece_fn piece, void *user);
 
+/**
+ * Where LAYER record @p l of @p hash lies in the map, without reading it: the checks
+ * of kvz_store_map_layer() before its pieces (the record is @p cap bytes long and
+ * inside data.mdb), and its first @p head_len bytes copied to @p head under the fault
+ * guard (the CUDA loader reads the record header there, starts the upload, and then
+ * verifies the whole record with kvz_store_map_layer()). For a record of another
+ * length *rec is NULL, *len its length and 0 is returned. Same validity and errors as
+ * kvz_store_map_layer().
+ */
+int kvz_store_map_peek(kvz_store_read *r, const uint8_t hash[16], uint32_t l, size_t cap, const uint8_t **rec,
+                       size_t *len, void *head, size_t head_len);
+
 /** Who pins pages of the map for kvz_store_pin() (the CUDA loader: cudaHostRegister),
  *  with no dependency of the store on that library. */
 typedef struct kvz_store_pinner {

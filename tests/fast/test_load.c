@@ -636,6 +636,25 @@ static int run(int device)
             }
             printf("  %s q8 records verified in the map: %d of %d equal the stored bytes\n", dev, same, L);
             CHECK(same == L && rd.pf.records_direct == (uint64_t)L);
+            { /* the direct route's first step: found by its header, nothing verified; the same place */
+                int found = 0, other = 0;
+                for (int l = 0; l < L; l++) {
+                    const uint8_t *rec = NULL, *pk = NULL;
+                    const kvz_load_at at = kvz_load_place(0, kvz_blob_layer_kept(&bm, (uint32_t)l), rbq);
+                    found += kvz_load_record_peek(&rd, (uint32_t)l, h1, at, &pk) == 0 &&
+                             kvz_load_record_mapped(&rd, &bm, h1, (uint32_t)l, at, &rec) == 0 && pk == rec;
+                    kvz_load_at wrong = at;
+                    wrong.len++; /* not the record's length: the other routes */
+                    other += kvz_load_record_peek(&rd, (uint32_t)l, h1, wrong, &pk) == KVZ_ERR_UNSUPPORTED && !pk;
+                    uint8_t hdr[KVZ_BLOB_HEADER_SIZE];
+                    memcpy(hdr, recs[l].data, sizeof hdr);
+                    other += kvz_blob_header_codec(hdr) == KVZ_BLOB_CODEC_NONE;
+                    hdr[0] ^= 1; /* bad magic */
+                    other += kvz_blob_header_codec(hdr) == -1;
+                }
+                printf("  %s records found by their header in the map: %d of %d at the verified place\n", dev, found, L);
+                CHECK(found == L && other == 3 * L);
+            }
             if (device == KVZ_DEVICE_CPU) { /* kvz_store_pin's bookkeeping with a recording pinner */
                 kvz_store_pinner pn = {rec_pin, rec_unpin, (uint64_t)1 << 40};
                 int ok = 1;
@@ -750,6 +769,8 @@ static int run(int device)
                 const uint8_t *rec = NULL;
                 const kvz_load_at at = kvz_load_place(0, kvz_blob_layer_kept(&fm, 0),
                                                       kvz_kv_row_bytes(KVZ_KV_Q8, (size_t)hd));
+                const uint8_t *pk = NULL;
+                CHECK(kvz_load_record_peek(&rd, 0, h1, at, &pk) == 0 && pk); /* found: the header is intact */
                 int rc = kvz_load_record_mapped(&rd, &fm, h1, 0, at, &rec);
                 printf("  %s q8-copy: byte flipped, read in the map: %s (%s)\n", dev, kvz_strerror(rc), kvz_error_detail());
                 CHECK(rc == KVZ_ERR_CHECKSUM && rec == NULL);
