@@ -2,6 +2,7 @@
  * plumbing shared by the loader and the composition (kvz_load_rec.h). */
 #include "kvz_load_rec.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,11 +32,56 @@ int kvz_load_reader_begin(kvz_load_reader *w, kvz_store *st, int map_only)
     return kvz_store_read_begin(st, &w->r);
 }
 
+/* Scratch buffers of zstd records kept between loads, process-wide: a fresh 20-40 MB
+ * malloc is fresh pages, and faulting them in cost a 32K-token load's zstd layer about
+ * as much as its read (bench/RESULTS.md, issue 12, sixth pass). At most SCR_KEEP
+ * buffers and SCR_BYTES bytes are kept. */
+#define SCR_KEEP 16
+#define SCR_BYTES ((size_t)512 << 20)
+static pthread_mutex_t g_scr_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct { uint8_t *p; size_t n; } g_scr[SCR_KEEP];
+static size_t g_scr_bytes;
+
+/* a kept buffer of at least @p n bytes (the smallest), else a new one; NULL: no memory */
+static uint8_t *scratch_get(size_t n, size_t *got)
+{
+    int best = -1;
+    pthread_mutex_lock(&g_scr_mu);
+    for (int i = 0; i < SCR_KEEP; i++)
+        if (g_scr[i].p && g_scr[i].n >= n && (best < 0 || g_scr[i].n < g_scr[best].n)) best = i;
+    uint8_t *p = NULL;
+    if (best >= 0) {
+        p = g_scr[best].p;
+        *got = g_scr[best].n;
+        g_scr_bytes -= g_scr[best].n;
+        g_scr[best].p = NULL;
+    }
+    pthread_mutex_unlock(&g_scr_mu);
+    if (!p && (p = malloc(n))) *got = n;
+    return p;
+}
+
+/* keep @p p for a later load when there is room, else free it */
+static void scratch_put(uint8_t *p, size_t n)
+{
+    if (!p) return;
+    pthread_mutex_lock(&g_scr_mu);
+    for (int i = 0; i < SCR_KEEP && p; i++)
+        if (!g_scr[i].p && g_scr_bytes + n <= SCR_BYTES) {
+            g_scr[i].p = p;
+            g_scr[i].n = n;
+            g_scr_bytes += n;
+            p = NULL;
+        }
+    pthread_mutex_unlock(&g_scr_mu);
+    free(p);
+}
+
 void kvz_load_reader_end(kvz_load_reader *w)
 {
     kvz_store_read_end(w->r);
     w->r = NULL;
-    free(w->scratch);
+    scratch_put(w->scratch, w->scratch_n);
     w->scratch = NULL;
     w->scratch_n = 0;
 }
@@ -199,10 +245,10 @@ int kvz_load_record(kvz_load_reader *w, const kvz_blob_meta *m, const uint8_t ha
                                        * map route checks it and says what is wrong */
         } else if (!rc) { /* a zstd record (shorter): copied + hashed into scratch, decompressed into place */
             if (len > w->scratch_n) {
-                free(w->scratch);
+                scratch_put(w->scratch, w->scratch_n);
                 w->scratch_n = 0;
-                if (!(w->scratch = malloc(len))) return kvz_error_set(KVZ_ERR_NOMEM, "load scratch (%zu bytes)", len);
-                w->scratch_n = len;
+                if (!(w->scratch = scratch_get(len, &w->scratch_n)))
+                    return kvz_error_set(KVZ_ERR_NOMEM, "load scratch (%zu bytes)", len);
             }
             memset(&ps, 0, sizeof ps);
             ps.base = w->scratch;

@@ -64,7 +64,8 @@ typedef struct kvz_load_reader {
 /** Open @p w's read transaction on @p st. @return 0 or kvz_store_read_begin's error. */
 int kvz_load_reader_begin(kvz_load_reader *w, kvz_store *st, int map_only);
 
-/** End the transaction and free the scratch buffer; w->pf stays. NULL-safe fields. */
+/** End the transaction and give the scratch buffer back (kept, bounded, for the next
+ *  load in this process, or freed); w->pf stays. NULL-safe fields. */
 void kvz_load_reader_end(kvz_load_reader *w);
 
 /**
