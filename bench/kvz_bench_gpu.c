@@ -847,9 +847,11 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
                p->check_s, p->zstd_s, p->map_s, p->register_s, p->slot_wait_s,
                p->ready_wait_s, p->upload_s, p->alloc_s, p->total_s);
     }
-    /* the per-layer timeline of the profiled load, longest document of each dtype */
+    /* the per-layer timeline of the profiled load, longest document of each dtype
+     * (every document with KVZ_TRACE_ALL=1) */
+    const int trace_all = getenv("KVZ_TRACE_ALL") && atoi(getenv("KVZ_TRACE_ALL"));
     for (int i = 0; i < nr; i++) {
-        if ((i + 1 < nr && rows[i + 1].dt == rows[i].dt) || !rows[i].n_trace) continue;
+        if ((!trace_all && i + 1 < nr && rows[i + 1].dt == rows[i].dt) || !rows[i].n_trace) continue;
         const store_row *r = &rows[i];
         for (int d = 0; d < 2; d++) {
             printf("\nper-layer load timeline, %d tokens %s, %s (ms from the start; route c copied / z zstd / "

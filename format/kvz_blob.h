@@ -67,7 +67,7 @@ extern "C" {
 #define KVZ_BLOB_LEVEL_NONE (-1)        /**< level argument: codec none, no zstd attempt (v2) */
 #define KVZ_BLOB_ZSTD_MIN_SAVING_PCT 20 /**< zstd kept only if the frames are < 80% of the raw bytes */
 #define KVZ_BLOB_ZSTD_FRAME_RAW (2u << 20) /**< raw bytes per frame of codec zstd-frames */
-#define KVZ_BLOB_DECODE_THREADS 8       /**< most threads one zstd-frames record is decoded on */
+#define KVZ_BLOB_DECODE_THREADS 16      /**< most threads one zstd-frames record is decoded on (spare CPUs only) */
 
 /* Reader limits: a header outside them is rejected with KVZ_ERR_FORMAT before
  * anything is allocated. They are far above any real model. */
