@@ -279,6 +279,7 @@ static void upload_loop(load_job *j)
         const double tu = kvz_now();
         j->prof.ready_wait_s += tu - tw; /* this thread only */
         if (stop || rc) break;
+        if (j->trace) j->trace[l].take_s = tu - j->t0;
         const kvz_load_at da = doc_at(j, l);
         const uint32_t *cnt = bm->counts + (size_t)l * bm->n_kv_head;
         if (j->src && j->src[l]) { /* straight from the registered map (the record starts at da.x); the shared

@@ -75,6 +75,7 @@ typedef struct kvz_load_layer_time {
                             record was found in the pinned map (its upload may start) */
     double checked_s;  /**< its records were verified (= ready_s except on the direct route,
                             which verifies while the upload runs) */
+    double take_s;     /**< the calling thread took it for upload (GPU) */
     double upload_s;   /**< the calling thread had queued its upload (GPU) */
     uint64_t bytes;    /**< stored bytes of its records */
     uint64_t raw;      /**< their codec-none bytes (bytes < raw: zstd saved the difference) */
