@@ -9,13 +9,18 @@
  *  - within noise: the CPU computes in fp32 with an fp32 cache, CUDA with bf16
  *    weights, activations and cache (logits ‖Δ‖/‖cpu‖ ~1e-2, tests/gpu/test_backend.c).
  *    On SmolLM2's logit scale that moves a token's log-probability by up to a few
- *    tenths of a nat, so:
- *      full cache:  per question |NLL_cuda − NLL_cpu| <= 0.15 + 0.05·NLL_cpu, and
+ *    tenths of a nat (the CPU's own dots use int8 activations, and Q4_1 weights are
+ *    rounded to bf16 on the device), so:
+ *      full cache:  per question |NLL_cuda − NLL_cpu| <= 0.25 + 0.10·NLL_cpu, and
  *                   the greedy answers identical or the accuracy equal;
- *      compressed:  per question |ΔNLL| <= 0.30 + 0.10·NLL_cpu (the kept sets come
+ *      compressed:  per question |ΔNLL| <= 0.50 + 0.15·NLL_cpu (the kept sets come
  *                   from bf16 scores: near-tied rows may swap), and per method and
- *                   ratio the accuracy within one question of four (0.25).
- *    Every difference is printed, measured beside its bound.
+ *                   ratio the accuracy within one question of four (25 points).
+ *    (Set before a GPU measurement: wrong rows or positions move NLL by nats.) Every
+ *    difference is printed, measured beside its bound;
+ *  - exact on the device: kvzip at ratio 1.0 is the full cache read back through
+ *    kvz_kv_get_head and written by kvz_kv_set_layer (bf16 -> fp32 -> bf16 is exact),
+ *    so its NLL equals the full cache's (|d| <= 1e-3) for every question.
  * Exits 77 (skip) without a usable GPU or without the model file. */
 #include "kvz_test.h"
 
@@ -28,11 +33,12 @@
 #include "kvz_backend.h"
 #include "kvz_error.h"
 
-#define TOL_FULL_ABS 0.15
-#define TOL_FULL_REL 0.05
-#define TOL_COMP_ABS 0.30
-#define TOL_COMP_REL 0.10
-#define TOL_ACC 0.25
+#define TOL_FULL_ABS 0.25
+#define TOL_FULL_REL 0.10
+#define TOL_COMP_ABS 0.50
+#define TOL_COMP_REL 0.15
+#define TOL_SAME 1e-3     /* kvzip at 1.0 on the device: the full cache's rows, round-tripped */
+#define TOL_ACC 25.0      /* accuracy in the JSON is in percent: one question of four */
 
 static json_t *run_eval(const char *dev, const char *dir, double *secs)
 {
@@ -125,6 +131,8 @@ int main(void)
             CHECKF(fabs(xa - ya) <= cb, "q%zu %s %.2f: NLL %.4f vs %.4f (bound %.4f)", i, str(x, "method"),
                    num(x, "ratio"), xa, ya, cb);
             worst_comp = fmax(worst_comp, fabs(xa - ya));
+            if (!strcmp(str(y, "method"), "kvzip") && num(y, "ratio") == 1.0)
+                CHECKF(fabs(ya - nb) <= TOL_SAME, "q%zu: cuda kvzip 1.0 NLL %.6f vs its full cache %.6f", i, ya, nb);
         }
     }
     printf("full cache: answers %s, accuracy cpu %d/4 cuda %d/4; worst |dNLL| full %.4f, compressed %.4f\n",
