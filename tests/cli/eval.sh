@@ -40,7 +40,7 @@ if [ $rc -eq 0 ]; then
     check "--device cuda ran on the GPU" grep -q '"device": "cuda"' "$T/cuda.json"
 else
     check "--device cuda without a GPU exits 4" [ $rc -eq 4 ]
-    check "... with one line saying so" bash -c '[ "$(wc -l <"$1")" -eq 1 ] && grep -q "no usable" "$1"' _ "$T/err"
+    check "... with one line saying so" bash -c '[ "$(wc -l <"$1")" -eq 1 ] && grep -q "(no GPU available)" "$1"' _ "$T/err"
 fi
 
 # the real run
