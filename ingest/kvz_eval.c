@@ -362,6 +362,7 @@ struct kvz_eval {
     int max_tokens;
     uint64_t seed;
     int kv_dtype;        /* stored-type round trip of compressed caches, -1 none */
+    int copy_kv;         /* read the full cache through kvz_kv_get_head on every backend */
     run *full;           /* (nq) */
     kvz_tokens *full_gen;/* (nq) greedy tokens on the full cache */
     run *runs;           /* (nq, N_METHOD, nr) */
@@ -387,6 +388,7 @@ int kvz_eval_create(const kvz_eval_opts *o, const kvz_eval_io *io, kvz_eval **ou
     e->max_tokens = o->max_tokens;
     e->seed = o->seed;
     e->kv_dtype = o->kv_dtype;
+    e->copy_kv = o->copy_kv;
     e->io = *io;
     *out = e;
     return 0;
@@ -514,25 +516,62 @@ out:
 /* ------------------------------------------------------------------------ */
 /* SnapKV observation: attention of the window queries to the context        */
 
-typedef struct snap_ctx {
-    const kvz_config *c;
-    int32_t n_prefix, n_ctx;
-    int32_t n_win;       /* window = the question + postfix tokens */
-    int64_t row_doc;     /* cache rows of prefix + context = row of the first window token */
-    float *acc;          /* (n_layer, n_head, n_ctx): sum over window queries of softmax prob */
-    float *work;
-    size_t work_floats;
-} snap_ctx;
+/* Rows of (layer, head) of @p kv as host fp32: the cache's own arrays through kvz_kv_view
+ * where the backend keeps them on the host (CPU), else (a device cache, or @p copy set) a
+ * copy by kvz_kv_get_head into the scratch @p sb, grown as needed. v and pos may be NULL. */
+static int kv_rows(const kvz_kv *kv, int32_t l, int32_t h, size_t hd, int copy, kvz_eval_kvbuf *sb,
+                   const float **k, const float **v, const int32_t **pos, int64_t *len)
+{
+    if (!copy) {
+        const int rc = kvz_kv_view(kv, l, h, k, v, pos, len);
+        if (rc != KVZ_ERR_UNSUPPORTED) return rc;
+    }
+    const int64_t n = kvz_kv_len(kv, l, h);
+    if ((size_t)n > sb->rows) {
+        float *nk = realloc(sb->k, sizeof(float) * (size_t)n * hd);
+        if (nk) sb->k = nk;
+        float *nv = nk ? realloc(sb->v, sizeof(float) * (size_t)n * hd) : NULL;
+        if (nv) sb->v = nv;
+        int32_t *np = nv ? realloc(sb->pos, sizeof(int32_t) * (size_t)n) : NULL;
+        if (np) sb->pos = np;
+        if (!np) return kvz_error_set(KVZ_ERR_NOMEM, "cache rows: cannot allocate");
+        sb->rows = (size_t)n;
+    }
+    const int rc = kvz_kv_get_head(kv, l, h, sb->k, v ? sb->v : NULL, pos ? sb->pos : NULL);
+    if (rc) return rc;
+    *k = sb->k;
+    if (v) *v = sb->v;
+    if (pos) *pos = sb->pos;
+    *len = n;
+    return 0;
+}
+
+void kvz_eval_kvbuf_free(kvz_eval_kvbuf *b)
+{
+    free(b->k);
+    free(b->v);
+    free(b->pos);
+    memset(b, 0, sizeof *b);
+}
+
+void kvz_eval_snap_free(kvz_eval_snap *s)
+{
+    free(s->work);
+    s->work = NULL;
+    s->work_floats = 0;
+    kvz_eval_kvbuf_free(&s->kb);
+}
 
 /* Hook on the full cache's teacher-forced pass. For query head g of KV head h and
  * each window query i, p = softmax over every key visible to i (prefix, context,
  * window tokens up to i) of q·k/√d; acc[l, g, j] += p[context token j]. Queries
- * after the window (the reference answer) are ignored. */
-static int snap_hook(void *vctx, int32_t l, const float *q, const float *k_new, int32_t n,
-                     int64_t row0, const kvz_kv *kv)
+ * after the window (the reference answer) are ignored. Keys are read from the cache
+ * (kv_rows), not from k_new, so both backends take the same route. */
+int kvz_eval_snap_hook(void *vctx, int32_t l, const float *q, const float *k_new, int32_t n,
+                       int64_t row0, const kvz_kv *kv)
 {
     (void)k_new;
-    snap_ctx *s = vctx;
+    kvz_eval_snap *s = vctx;
     const kvz_config *c = s->c;
     const int hd = c->head_dim, grp = c->n_head / c->n_kv_head;
     const int64_t qoff = row0 - s->row_doc;
@@ -551,7 +590,7 @@ static int snap_hook(void *vctx, int32_t l, const float *q, const float *k_new, 
     for (int h = 0; h < c->n_kv_head; h++) {
         const float *K;
         int64_t len;
-        int rc = kvz_kv_view(kv, l, h, &K, NULL, NULL, &len);
+        int rc = kv_rows(kv, l, h, (size_t)hd, s->copy_kv, &s->kb, &K, NULL, NULL, &len);
         if (rc) return rc;
         if (len < W) return kvz_error_set(KVZ_ERR_INTERNAL, "snapkv hook: window rows missing");
         float *Q = s->work, *S = s->work + (size_t)nw * grp * hd;
@@ -611,7 +650,7 @@ static void snap_finish(const kvz_config *c, int32_t n_ctx, const float *acc, fl
  * keep: (n_layer, n_kv_head, n_ctx). *rows: rows kept, prefix included. */
 static int build_cache(const kvz_eval *e, const kvz_kv *full, kvz_kv *dst, int32_t n_prefix,
                        int32_t n_ctx, const uint8_t *keep, float *kb, float *vb, int32_t *pb,
-                       uint64_t *rows)
+                       kvz_eval_kvbuf *kvb, uint64_t *rows)
 {
     const kvz_config *c = e->c;
     const size_t hd = (size_t)c->head_dim;
@@ -625,7 +664,7 @@ static int build_cache(const kvz_eval *e, const kvz_kv *full, kvz_kv *dst, int32
             const float *k, *v;
             const int32_t *pos;
             int64_t len;
-            int rc = kvz_kv_view(full, l, h, &k, &v, &pos, &len);
+            int rc = kv_rows(full, l, h, hd, e->copy_kv, kvb, &k, &v, &pos, &len);
             if (rc) return rc;
             if (len != (int64_t)n_prefix + n_ctx)
                 return kvz_error_set(KVZ_ERR_INTERNAL, "full cache has %lld rows, expected %d",
@@ -722,14 +761,21 @@ static int eval_doc(kvz_eval *e, int d, kvz_eval_error *er)
     const int32_t n_prefix = di->n_prefix, n_ctx = di->n_ctx, n_doc = n_prefix + n_ctx;
     kvz_kvzip_params kp;
     kvz_kvzip_defaults(&kp);
-    int64_t cap_full = kvz_kvzip_cache_rows(e->m, n_prefix, n_ctx, &kp);
-    if (cap_full < 0) {
-        rc = (int)cap_full;
+    /* rows the full cache needs (a device batches several chunks' repeat inputs into one
+     * pass: more rows), and the positions it uses (every chunk's repeat input starts at
+     * n_doc, however the chunks are batched: the one-chunk-per-pass count) */
+    kvz_kvzip_params kp1 = kp;
+    kp1.repeat_rows = 0;
+    int64_t cap_full = kvz_kvzip_cache_rows(e->m, n_prefix, n_ctx, &kp),
+            span = kvz_kvzip_cache_rows(e->m, n_prefix, n_ctx, &kp1);
+    if (cap_full < 0 || span < 0) {
+        rc = (int)(cap_full < 0 ? cap_full : span);
         kvz_eval_fail(er, rc, 0, 1, "cannot evaluate document");
         goto out_early;
     }
     if (cap_full < (int64_t)n_doc + max_seq + 1) cap_full = (int64_t)n_doc + max_seq + 1;
-    if (cap_full > c->n_ctx) {
+    if (span < (int64_t)n_doc + max_seq + 1) span = (int64_t)n_doc + max_seq + 1;
+    if (span > c->n_ctx) {
         rc = kvz_error_set(KVZ_ERR_CONTEXT, "%s: %d tokens + scoring/question room exceed the "
                            "model's %d-token context", di->name, n_doc, c->n_ctx);
         kvz_eval_fail(er, rc, 0, 1, "cannot evaluate document");
@@ -748,7 +794,9 @@ static int eval_doc(kvz_eval *e, int d, kvz_eval_error *er)
     int32_t *pb = malloc(sizeof(int32_t) * (size_t)c->n_kv_head * n_doc);
     float *tmp = malloc(sizeof(float) * (size_t)n_ctx);
     kvz_eval_scratch s = {0};
-    snap_ctx sc = {.c = c, .n_prefix = n_prefix, .n_ctx = n_ctx, .row_doc = n_doc, .acc = acc};
+    kvz_eval_snap sc = {.c = c, .n_prefix = n_prefix, .n_ctx = n_ctx, .row_doc = n_doc, .acc = acc,
+                        .copy_kv = e->copy_kv};
+    kvz_eval_kvbuf kvb = {0};
     if (!kz || !aux || !snap || !acc || !keep || !kb || !vb || !pb || !tmp || (rc = kvz_eval_scratch_init(&s, e->m, max_seq))) {
         rc = kvz_error_set(KVZ_ERR_NOMEM, "evaluation buffers for %s", di->name);
         goto out;
@@ -774,7 +822,7 @@ static int eval_doc(kvz_eval *e, int d, kvz_eval_error *er)
         const int qi = qs[i];
         memset(acc, 0, sizeof(float) * (size_t)c->n_layer * c->n_head * n_ctx);
         sc.n_win = (int32_t)qt[i].n;
-        kvz_layer_hook hook = {.fn = snap_hook, .ctx = &sc};
+        kvz_layer_hook hook = {.fn = kvz_eval_snap_hook, .ctx = &sc};
         run *r = &e->full[qi];
         if ((rc = answer(e, &s, full, n_doc, &qt[i], &at[i], e->use[M_SNAPKV] ? &hook : NULL, r))) break;
         kvz_tokens *fg = &e->full_gen[qi];
@@ -826,7 +874,7 @@ static int eval_doc(kvz_eval *e, int d, kvz_eval_error *er)
                     kept = kvz_kvzip_select(snap, c->n_layer, c->n_kv_head, n_ctx, ratio, KVZ_EVICT_UNIFORM, keep, NULL);
                     if (kept < 0) { rc = (int)kept; break; }
                 }
-                if ((rc = build_cache(e, full, ck, n_prefix, n_ctx, keep, kb, vb, pb, &rows))) break;
+                if ((rc = build_cache(e, full, ck, n_prefix, n_ctx, keep, kb, vb, pb, &kvb, &rows))) break;
                 for (int i = (m == M_SNAPKV_Q1); i < nq && !rc; i++) {
                     run *r = R(e, qs[i], m, ri);
                     if ((rc = answer(e, &s, ck, n_doc, &qt[i], &at[i], NULL, r))) break;
@@ -838,7 +886,7 @@ static int eval_doc(kvz_eval *e, int d, kvz_eval_error *er)
                     kept = kvz_kvzip_select(snap + N * i, c->n_layer, c->n_kv_head, n_ctx, ratio,
                                             KVZ_EVICT_UNIFORM, keep, NULL);
                     if (kept < 0) { rc = (int)kept; break; }
-                    if ((rc = build_cache(e, full, ck, n_prefix, n_ctx, keep, kb, vb, pb, &rows))) break;
+                    if ((rc = build_cache(e, full, ck, n_prefix, n_ctx, keep, kb, vb, pb, &kvb, &rows))) break;
                     run *r = R(e, qs[i], m, ri);
                     if ((rc = answer(e, &s, ck, n_doc, &qt[i], &at[i], NULL, r))) break;
                     r->kv_bytes = (double)rows * 2 * hd * 2;
@@ -852,7 +900,8 @@ static int eval_doc(kvz_eval *e, int d, kvz_eval_error *er)
 out:
     free(kz); free(aux); free(snap); free(acc); free(keep); free(kb); free(vb); free(pb); free(tmp);
     kvz_eval_scratch_free(&s);
-    free(sc.work);
+    kvz_eval_snap_free(&sc);
+    kvz_eval_kvbuf_free(&kvb);
     kvz_kv_free(full);
     kvz_kv_free(ck);
 out_early:
@@ -877,8 +926,8 @@ int kvz_eval_run(kvz_eval *e, kvz_model *m, kvz_eval_error *er)
     e->runs = calloc((size_t)e->nq * N_METHOD * e->nr, sizeof *e->runs);
     if (!e->full || !e->full_gen || !e->runs)
         return kvz_eval_fail(er, kvz_error_set(KVZ_ERR_NOMEM, "%d questions", e->nq), 0, 1, "cannot allocate results");
-    kvz_eval_say(&e->io, 0, "kvzip-eval: %d questions, %d documents, %d ratios, methods:%s%s%s%s", e->nq,
-                 e->ndocs, e->nr, " kvzip", e->use[M_RANDOM] ? " random" : "", e->use[M_WINDOW] ? " window" : "",
+    kvz_eval_say(&e->io, 0, "kvzip-eval: %d questions, %d documents, %d ratios, on %s, methods:%s%s%s%s", e->nq,
+                 e->ndocs, e->nr, kvz_model_device(m) == KVZ_DEVICE_CUDA ? "cuda" : "cpu", " kvzip", e->use[M_RANDOM] ? " random" : "", e->use[M_WINDOW] ? " window" : "",
                  e->use[M_SNAPKV] ? " snapkv snapkv-q1" : "");
     const double t_start = kvz_now();
     int rc = 0;
@@ -998,7 +1047,8 @@ int kvz_eval_write_json(const kvz_eval *e, const char *path, const char *model_p
         if (e->use[m]) { fprintf(f, "%s\"%s\"", first ? "" : ", ", method_name[m]); first = 0; }
     fprintf(f, "],\n  \"settings\": {\"max_tokens\": %d, \"seed\": %llu, \"random\": \"per-head uniform\", "
             "\"window_sinks\": %d, \"snapkv_pool\": %d, \"snapkv_window\": \"question + postfix tokens\", "
-            "\"kv_dtype_for_mb\": \"f16\"},\n", e->max_tokens, (unsigned long long)e->seed, N_SINK, SNAP_POOL);
+            "\"kv_dtype_for_mb\": \"f16\", \"device\": \"%s\"},\n", e->max_tokens, (unsigned long long)e->seed, N_SINK,
+            SNAP_POOL, e->m && kvz_model_device(e->m) == KVZ_DEVICE_CUDA ? "cuda" : "cpu");
     fprintf(f, "  \"seconds\": {\"total\": %.2f, \"scoring\": %.2f, \"answering\": %.2f, \"answers\": %lld},\n",
             seconds, e->t_score, e->t_answer, (long long)e->n_answers);
     fprintf(f, "  \"docs\": [\n");

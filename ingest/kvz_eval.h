@@ -12,8 +12,9 @@
  * functions return 0 or a negative KVZ_ERR_*, describe the failure in a
  * kvz_eval_error, and report progress through the caller's kvz_eval_io callbacks.
  *
- * Threading: one evaluation per thread; an evaluation uses the model it is given
- * (CPU backend: the SnapKV hook and the cache builder read host KV views).
+ * Threading: one evaluation per thread; an evaluation uses the model it is given, on
+ * either backend: the SnapKV hook and the cache builder read the CPU cache in place
+ * (kvz_kv_view) and copy a device cache to the host (kvz_kv_get_head).
  */
 #ifndef KVZ_EVAL_H
 #define KVZ_EVAL_H
@@ -82,6 +83,40 @@ int kvz_eval_answer_question(kvz_model *m, kvz_eval_scratch *s, kvz_kv *kv, int3
                              const kvz_tokens *qt, const kvz_tokens *at, int max_tokens,
                              const kvz_layer_hook *hook, kvz_eval_answer *out);
 
+/** Host fp32 copies of one (layer, KV head) of a cache, for caches the host cannot view
+ *  (a device cache): zero-initialise, grown as needed, kvz_eval_kvbuf_free after. */
+typedef struct kvz_eval_kvbuf {
+    float *k, *v;
+    int32_t *pos;
+    size_t rows;      /**< capacity in rows */
+} kvz_eval_kvbuf;
+void kvz_eval_kvbuf_free(kvz_eval_kvbuf *b);
+
+/**
+ * SnapKV observation (the snapkv baselines; exposed for the tests): a kvz_layer_hook
+ * on the full cache's teacher-forced pass of [question][answer] after n_doc = row_doc
+ * rows. For each window query i (the first n_win tokens of the pass), layer l and
+ * query head g, p = softmax over every key visible to i of q·k/√d, and
+ * acc[(l·n_head + g)·n_ctx + j] += p of context row n_prefix + j. The keys are read
+ * from the cache: kvz_kv_view where the host holds it (CPU), else kvz_kv_get_head
+ * (any backend, e.g. CUDA; or always when copy_kv is set). Zero acc before the pass;
+ * free with kvz_eval_snap_free.
+ */
+typedef struct kvz_eval_snap {
+    const kvz_config *c;
+    int32_t n_prefix, n_ctx;
+    int32_t n_win;       /**< window = the question + postfix tokens */
+    int64_t row_doc;     /**< rows of prefix + context = row of the first window token */
+    float *acc;          /**< (n_layer, n_head, n_ctx), the caller's */
+    int copy_kv;         /**< 1: read K by kvz_kv_get_head even where kvz_kv_view works */
+    float *work;         /**< scratch, owned */
+    size_t work_floats;
+    kvz_eval_kvbuf kb;   /**< scratch, owned */
+} kvz_eval_snap;
+int kvz_eval_snap_hook(void *ctx, int32_t layer, const float *q, const float *k_new, int32_t n,
+                       int64_t row0, const kvz_kv *kv);
+void kvz_eval_snap_free(kvz_eval_snap *s);
+
 /** 1 if @p hay contains @p needle, ASCII case-insensitively (an empty needle matches). */
 int kvz_eval_contains_ci(const char *hay, const char *needle);
 
@@ -145,6 +180,8 @@ typedef struct kvz_eval_opts {
     int max_tokens;           /**< greedy answer length limit */
     uint64_t seed;            /**< random eviction */
     int kv_dtype;             /**< stored-type round trip of compressed caches (KVZ_DTYPE_*), -1 none */
+    int copy_kv;              /**< 1: read the full cache through kvz_kv_get_head even where the
+                                   host can view it (tests: the device route on the CPU) */
 } kvz_eval_opts;
 
 typedef struct kvz_eval kvz_eval;

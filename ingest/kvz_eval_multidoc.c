@@ -585,9 +585,13 @@ static int md_score_unit(md *d, int u)
     const int32_t P = (int32_t)d->prefix.n, nc = un->s1 - un->s0;
     kvz_kvzip_params kp;
     kvz_kvzip_defaults(&kp);
-    const int64_t cap = kvz_kvzip_cache_rows(d->m, P, nc, &kp);
-    if (cap < 0) return (int)cap;
-    if (cap > c->n_ctx)
+    /* cache rows (a device batches chunks' repeat inputs: more rows) and positions (each
+     * repeat input starts after the context, however batched: one chunk per pass) */
+    kvz_kvzip_params kp1 = kp;
+    kp1.repeat_rows = 0;
+    const int64_t cap = kvz_kvzip_cache_rows(d->m, P, nc, &kp), span = kvz_kvzip_cache_rows(d->m, P, nc, &kp1);
+    if (cap < 0 || span < 0) return (int)(cap < 0 ? cap : span);
+    if (span > c->n_ctx)
         return kvz_error_set(KVZ_ERR_CONTEXT, "%s: %d tokens + scoring room exceed the model's %d-token "
                              "context (lower --part-tokens)", un->id, P + nc, c->n_ctx);
     const size_t L = (size_t)c->n_layer, H = (size_t)c->n_kv_head, hd = (size_t)c->head_dim;
@@ -603,18 +607,21 @@ static int md_score_unit(md *d, int u)
     const double t0 = kvz_now();
     kvz_eval_say(&d->io, 0, "  scoring %s (%d tokens)", un->id, nc);
     rc = kvz_kvzip_score(d->m, kv, d->prefix.ids, P, f->toks.ids + un->s0, nc, &kp, un->scores, NULL, NULL);
+    /* the rows to the host through kvz_kv_get_head: any backend (a CUDA cache is bf16
+     * on the device; the CPU backend copies its fp32 rows as they are) */
+    int32_t *pos = rc ? NULL : malloc(sizeof(int32_t) * rows);
+    if (!rc && !pos) rc = kvz_error_set(KVZ_ERR_NOMEM, "%s: rows", un->id);
     for (size_t l = 0; l < L && !rc; l++)
         for (size_t h = 0; h < H && !rc; h++) {
-            const float *k, *v;
-            const int32_t *pos;
-            int64_t len;
-            if ((rc = kvz_kv_view(kv, (int32_t)l, (int32_t)h, &k, &v, &pos, &len))) break;
+            const int64_t len = kvz_kv_len(kv, (int32_t)l, (int32_t)h);
             if (len != (int64_t)rows) { rc = kvz_error_set(KVZ_ERR_INTERNAL, "%s: %lld rows after scoring", un->id, (long long)len); break; }
+            if ((rc = kvz_kv_get_head(kv, (int32_t)l, (int32_t)h, un->k + (l * H + h) * rows * hd,
+                                      un->v + (l * H + h) * rows * hd, pos)))
+                break;
             for (size_t j = 0; j < rows; j++)
                 if (pos[j] != (int32_t)j) { rc = kvz_error_set(KVZ_ERR_INTERNAL, "%s: row %zu at position %d", un->id, j, pos[j]); break; }
-            memcpy(un->k + (l * H + h) * rows * hd, k, sizeof(float) * rows * hd);
-            memcpy(un->v + (l * H + h) * rows * hd, v, sizeof(float) * rows * hd);
         }
+    free(pos);
     kvz_kv_free(kv);
     un->score_s = kvz_now() - t0;
     d->t_score += un->score_s;

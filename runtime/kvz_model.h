@@ -227,9 +227,20 @@ void kvz_kv_set_out_policy(kvz_kv *kv, int32_t policy);
 
 /**
  * Per-layer observer, called after RoPE and after the new keys were appended,
- * before attention. CPU backend: pointers are host fp32.
+ * before attention, once per layer and internal batch (a long pass comes in several
+ * calls, each with its own n and row0). row0: the document rows of head 0 of the
+ * layer before this batch was appended.
  * q: (n, n_head, head_dim); k_new: (n, n_kv_head, head_dim) (the new tokens' keys,
  * also present in the cache at indices [row0, row0+n) of each head when appended).
+ * Both are host fp32 on every backend, valid during the call only:
+ *   - CPU: the forward pass's own arrays;
+ *   - CUDA: copies of the device's bf16 q and k (widened to fp32, so they equal the
+ *     values the device attends with); the stream is synchronised before the call.
+ *     The cache is a device cache: kvz_kv_view fails (KVZ_ERR_UNSUPPORTED), read
+ *     rows with kvz_kv_get_head (bf16 values widened to fp32). A pass with a hook
+ *     costs one device-to-host copy and one synchronisation per layer; without a
+ *     hook nothing is copied. The decode CUDA graph is not used while a hook is set.
+ * A nonzero return stops the pass and is kvz_forward's result.
  */
 typedef struct kvz_layer_hook {
     int (*fn)(void *ctx, int32_t layer, const float *q, const float *k_new, int32_t n,

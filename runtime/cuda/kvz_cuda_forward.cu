@@ -203,12 +203,38 @@ static int32_t window_victim(const kvz_kv *kv, int32_t l, int32_t newest)
     return best >= 0 ? best : B - 1;
 }
 
+/* Layer hook (kvz_model.h, kvz_layer_hook): the post-RoPE q and k of the pass's n tokens,
+ * still in a->qkv (every RoPE path rotates in place), copied to host bf16 and widened to
+ * fp32 in @p hb; the stream is synchronised first, so the cache rows the hook reads
+ * (kvz_kv_get_head) are written. Only called when a hook is given. */
+typedef struct hook_buf {
+    const kvz_layer_hook *hook;
+    uint16_t *b16;  /* (n, qd + kvd) staging */
+    float *f32;     /* q (n, qd), then k (n, kvd) */
+} hook_buf;
+
+static int hook_call(kvz_model *m, kvz_kv *kv, int32_t l, int32_t n, int64_t row0, const act_view *a,
+                     const hook_buf *hb)
+{
+    const kvz_config *c = &m->cfg;
+    const cudaStream_t s = m->cuda->s;
+    const size_t qd = (size_t)c->n_head * c->head_dim, kvd = (size_t)c->n_kv_head * c->head_dim,
+                 nqkv = qd + 2 * kvd, rows = (size_t)n;
+    KVZ_CUDA_TRY(cudaMemcpy2DAsync(hb->b16, qd * 2, a->qkv, nqkv * 2, qd * 2, rows, cudaMemcpyDeviceToHost, s));
+    KVZ_CUDA_TRY(cudaMemcpy2DAsync(hb->b16 + rows * qd, kvd * 2, a->qkv + qd, nqkv * 2, kvd * 2, rows,
+                                   cudaMemcpyDeviceToHost, s));
+    KVZ_CUDA_TRY(cudaStreamSynchronize(s));
+    for (size_t i = 0; i < rows * (qd + kvd); i++) hb->f32[i] = h_bf2f(hb->b16[i]);
+    return hb->hook->fn(hb->hook->ctx, l, hb->f32, hb->f32 + rows * qd, n, row0, kv);
+}
+
 /* Per-layer work of one pass, enqueued on the model stream. graph = 1: the batch-1
  * decode step in its capturable form (token, position and fill slot read from
  * cc->step_d, fixed attention split grid, output-buffer slot chosen on the device,
  * no host state touched here); the caller updates the host lengths afterwards. */
 static int layers_enqueue(kvz_model *m, kvz_kv *kv, int32_t n, int32_t pos0, act_view *a, int doc,
-                          int32_t slot0, int want_evict, int graph, int32_t *newest, const score_args *sa)
+                          int32_t slot0, int want_evict, int graph, int32_t *newest, const score_args *sa,
+                          const hook_buf *hb)
 {
     const kvz_config *c = &m->cfg;
     kvz_cuda_model *g = m->cuda;
@@ -221,6 +247,7 @@ static int layers_enqueue(kvz_model *m, kvz_kv *kv, int32_t n, int32_t pos0, act
     TRY(kvz_cuda_embed(s, g->tok_embd, c->n_vocab, d, a->tok, n, a->x, KVZ_CUDA_F32));
     for (int32_t l = 0; l < c->n_layer; l++) {
         const cuda_layer *L = &g->L[l];
+        const int64_t row0 = kv->len[(size_t)l * nkv]; /* the CPU backend's row0: before the append */
         if (n == 1) { /* decode: RMSNorm inside the qkv GEMV; RoPE fused with the K/V write */
             TRY(kvz_cuda_linear_rmsnorm(g->blas, s, d, nqkv, a->x, L->attn_norm, c->norm_eps, L->wqkv, L->bqkv,
                                         a->qkv, KVZ_CUDA_BF16, 0.f, a->xn));
@@ -266,6 +293,7 @@ static int layers_enqueue(kvz_model *m, kvz_kv *kv, int32_t n, int32_t pos0, act
                 TRY(kvz_cuda_outbuf_write(s, &cc->O[l], nkv, hd, 1, kn, nqkv, vn, nqkv, a->pos, -1, cc->evict + l));
             }
         }
+        if (hb) TRY(hook_call(m, kv, l, n, row0, a, hb));
         if (sa) {
             const int32_t ctx_end = sa->n_prefix + sa->n_ctx;
             const int last = l == c->n_layer - 1;
@@ -363,7 +391,7 @@ static int decode_graph_step(kvz_model *m, kvz_kv *kv, int32_t tok, int32_t pos0
     }
     int32_t newest = -1;
     auto enqueue = [&]() -> int {
-        TRY(layers_enqueue(m, kv, 1, pos0, &a, doc, slot0, want_evict, 1, &newest, NULL));
+        TRY(layers_enqueue(m, kv, 1, pos0, &a, doc, slot0, want_evict, 1, &newest, NULL, NULL));
         if (logits) {
             TRY(kvz_cuda_linear_rmsnorm(m->cuda->blas, s, c->n_embd, c->n_vocab, a.x, m->cuda->out_norm,
                                         c->norm_eps, m->cuda->output, NULL, cc->logits, KVZ_CUDA_F32, 0.f, a.xn));
@@ -405,7 +433,7 @@ static int decode_graph_step(kvz_model *m, kvz_kv *kv, int32_t tok, int32_t pos0
 }
 
 static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
-                         float *logits, int want, int to_doc, const score_args *sa)
+                         float *logits, int want, int to_doc, const score_args *sa, const hook_buf *hb)
 {
     const kvz_config *c = &m->cfg;
     kvz_cuda_model *g = m->cuda;
@@ -439,7 +467,7 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
      * so a step costs the same whether the buffer is filling or full */
     const int longflow = !doc && kv->out_policy == KVZ_OUT_LONGFLOW;
     const int want_evict = longflow && (full_after || (n == 1 && tiled));
-    const int graph = n == 1 && !sa && tiled && c->n_head / nkv <= 32 && graph_wanted() &&
+    const int graph = n == 1 && !sa && !hb && tiled && c->n_head / nkv <= 32 && graph_wanted() &&
                       (doc || longflow) && (want == KVZ_FWD_NO_LOGITS || logits);
     if (graph) {
         TRY(decode_graph_step(m, kv, tokens[0], pos0, want == KVZ_FWD_NO_LOGITS ? NULL : logits, doc, slot0,
@@ -456,7 +484,7 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
             iota_kernel<<<(n + 255) / 256, 256, 0, s>>>(a.pos, pos0, n);
             KVZ_LAUNCH_CHECK("iota");
         }
-        TRY(layers_enqueue(m, kv, n, pos0, &a, doc, slot0, want_evict, 0, &newest, sa));
+        TRY(layers_enqueue(m, kv, n, pos0, &a, doc, slot0, want_evict, 0, &newest, sa, hb));
         if (want != KVZ_FWD_NO_LOGITS && logits) {
             const int32_t first = want == KVZ_FWD_LOGITS_ALL ? 0 : n - 1;
             const size_t V = (size_t)c->n_vocab;
@@ -490,7 +518,7 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
 }
 
 int forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
-                   float *logits, int flags, const score_args *sa)
+                   float *logits, int flags, const score_args *sa, const kvz_layer_hook *hook)
 {
     const int want = flags & 3;
     const int discard = (flags & KVZ_FWD_DISCARD) != 0;
@@ -504,6 +532,14 @@ int forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t 
         memcpy(saved, kv->len, nlh * sizeof *saved);
     }
     int rc = 0;
+    hook_buf hbuf = {hook, NULL, NULL};
+    if (hook) { /* host staging for the largest batch of this call */
+        const size_t qkd = (size_t)(m->cfg.n_head + m->cfg.n_kv_head) * m->cfg.head_dim,
+                     nb = (size_t)(n < KVZ_GPU_MAX_BATCH ? n : KVZ_GPU_MAX_BATCH);
+        hbuf.b16 = (uint16_t *)malloc(nb * qkd * 2);
+        hbuf.f32 = (float *)malloc(nb * qkd * 4);
+        if (!hbuf.b16 || !hbuf.f32) rc = kvz_error_set(KVZ_ERR_NOMEM, "forward: layer hook buffers");
+    }
     for (int32_t s0 = 0; s0 < n && !rc; s0 += KVZ_GPU_MAX_BATCH) {
         const int32_t nb = n - s0 < KVZ_GPU_MAX_BATCH ? n - s0 : KVZ_GPU_MAX_BATCH;
         const int last = s0 + nb == n;
@@ -516,8 +552,11 @@ int forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t 
             lg = logits;
             w = KVZ_FWD_LOGITS_LAST;
         }
-        rc = forward_batch(m, kv, tokens + s0, nb, pos0 + s0, lg, w, (flags & KVZ_FWD_TO_DOC) != 0, sa);
+        rc = forward_batch(m, kv, tokens + s0, nb, pos0 + s0, lg, w, (flags & KVZ_FWD_TO_DOC) != 0, sa,
+                           hook ? &hbuf : NULL);
     }
+    free(hbuf.b16);
+    free(hbuf.f32);
     if (discard) {
         memcpy(kv->len, saved, nlh * sizeof *saved);
         free(saved);
@@ -530,8 +569,5 @@ int forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t 
 extern "C" int kvz_cuda_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n,
                                 int32_t pos0, float *logits, int flags, const kvz_layer_hook *hook)
 {
-    if (hook && hook->fn)
-        return kvz_error_set(KVZ_ERR_UNSUPPORTED, "layer hooks run on the CPU backend only "
-                             "(KVzip scoring on CUDA uses kvz_cuda_kvzip_repeat)");
-    return forward(m, kv, tokens, n, pos0, logits, flags, NULL);
+    return forward(m, kv, tokens, n, pos0, logits, flags, NULL, hook && hook->fn ? hook : NULL);
 }

@@ -148,6 +148,7 @@ typedef struct score_args {
     const int32_t *r0, *pos;
 } score_args;
 
-/* kvz_cuda_forward's body; @p sa: a batch of KVzip repeat inputs to score (kvz_cuda_kvzip.cu) */
+/* kvz_cuda_forward's body; @p sa: a batch of KVzip repeat inputs to score (kvz_cuda_kvzip.cu);
+ * @p hook: the caller's layer hook or NULL (kvz_model.h) */
 int forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
-            float *logits, int flags, const score_args *sa);
+            float *logits, int flags, const score_args *sa, const kvz_layer_hook *hook);

@@ -54,7 +54,7 @@ extern "C" int kvz_cuda_kvzip_repeat(kvz_model *m, kvz_kv *kv, const int32_t *to
         for (int32_t j = 0; j < ch[i].n; j++) pos[r + j] = pos0 + j;
     }
     const score_args sa = {n_prefix, n_ctx, n_ch, ch, r0, pos};
-    int rc = forward(m, kv, tokens, (int32_t)n, pos0, NULL, KVZ_FWD_NO_LOGITS | KVZ_FWD_DISCARD, &sa);
+    int rc = forward(m, kv, tokens, (int32_t)n, pos0, NULL, KVZ_FWD_NO_LOGITS | KVZ_FWD_DISCARD, &sa, NULL);
     free(r0);
     TRY(rc);
     if (!scores) return 0; /* they stay on the device (kvz_cuda_kvzip_select) */

@@ -30,6 +30,18 @@ check "--help lists the methods" grep -q "snapkv" "$T/help"
 printf '{"doc": "x.md", "question": "q"}\n' >"$T/bad.jsonl"
 "$EVAL" "$T/bad.jsonl" >/dev/null 2>"$T/err"; check "line without answer exits 3" [ $? -eq 3 ]
 check "the error names the line" grep -q "bad.jsonl:1" "$T/err"
+"$EVAL" --device tpu "$QA" >/dev/null 2>"$T/err"; check "--device tpu is a usage error (2)" [ $? -eq 2 ]
+check "--device names what it takes" grep -q "cpu, cuda, cuda:K or auto" "$T/err"
+# --device cuda: runs where a GPU is usable; elsewhere one line and exit 4 (no GPU / no CUDA build)
+"$EVAL" --device cuda --model "$KVZ_MODEL" --docs halcyon_warranty_returns --limit 1 --ratios 1 --baselines none \
+    --max-tokens 4 -q --json "$T/cuda.json" "$QA" >/dev/null 2>"$T/err"
+rc=$?
+if [ $rc -eq 0 ]; then
+    check "--device cuda ran on the GPU" grep -q '"device": "cuda"' "$T/cuda.json"
+else
+    check "--device cuda without a GPU exits 4" [ $rc -eq 4 ]
+    check "... with one line saying so" bash -c '[ "$(wc -l <"$1")" -eq 1 ] && grep -q "(no GPU available)" "$1"' _ "$T/err"
+fi
 
 # the real run
 t0=$(date +%s)
@@ -49,6 +61,7 @@ def need(cond, what):
     print(("ok   " if cond else "FAIL ") + what)
     if not cond: fails.append(what)
 need(d["ratios"] == [1, 0.3], "json ratios")
+need(d["settings"]["device"] == "cpu", "json settings.device is the default cpu")
 need(d["methods"] == ["kvzip", "random", "window", "snapkv", "snapkv-q1"], "json methods")
 need(len(d["docs"]) == 2 and all(x["n_ctx"] > 0 and x["questions"] == 2 for x in d["docs"]), "json docs")
 need(len(d["questions"]) == 4, "json has 4 questions")
