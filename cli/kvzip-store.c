@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "cli_util.h"
+#include "kvzip-store.help.h" /* cli_help: generated from cli/help/kvzip-store.txt */
 #include "kvz_error.h"
 #include "kvz_store.h"
 #include "kvz_store_admin.h"
@@ -19,77 +20,7 @@
 #define E cli_escape
 #define R kvz_store_ratio
 
-static void usage(void)
-{
-    printf(
-        "usage: kvzip-store [--store DIR] [--json] COMMAND [ARG] [--] [ID]\n"
-        "\n"
-        "Commands:\n"
-        "  ls              one line per document: id, tokens, kept ratio, stored bytes,\n"
-        "                  compression (full KV cache / stored bytes), ingest date (UTC)\n"
-        "  show ID         everything about one document: doc entry, blob dims, dtype,\n"
-        "                  eviction parameters, kept pairs per layer and head, record sizes\n"
-        "  rm ID           remove a document; its blob goes too when no other id names it\n"
-        "  verify          check every record (checksums, decode META with the store's\n"
-        "                  model fingerprint, decode every layer), every name -> blob link\n"
-        "                  and every refcount; prints one line per problem on stderr\n"
-        "  gc [--compact]  drop blobs that no document names and records without a blob\n"
-        "                  entry (one transaction). With --compact, also rewrite the store\n"
-        "                  into a compacted copy (free pages dropped, file shrinks) and swap\n"
-        "                  it in atomically. Run --compact when no kvzip-ingest or other\n"
-        "                  writer is running: writers are held off during the copy, and a\n"
-        "                  writer that had the store open before fails afterwards with\n"
-        "                  'reopen it' instead of writing, but do not rely on that.\n"
-        "                  Needs free disk space about the size of the data in use.\n"
-        "  stats           totals: documents, blobs, records, tokens, KV bytes (full,\n"
-        "                  kept, stored), compression, map and file size, last txn id\n"
-        "  salvage DST     copy every document that still reads back intact (entry,\n"
-        "                  META and every layer decode) into a new store in folder DST;\n"
-        "                  prints one line per document it could not copy. Works on a\n"
-        "                  damaged store (a data.mdb cut short or with damaged pages);\n"
-        "                  the store itself is only read. Exit 0 when nothing was lost\n"
-        "                  and 5 when something was\n"
-        "  merge SRC... --into DST [--prefer newest] [--allow-mixed-corpus] [--quiet]\n"
-        "                  copy every document of the SRC stores into DST (created when\n"
-        "                  missing), one transaction per document: a blob is fully decoded\n"
-        "                  first and skipped (reported, exit 1) when it does not verify; a\n"
-        "                  content hash DST already has is linked, not copied. An id with\n"
-        "                  different content in two sources is a conflict: merge lists the\n"
-        "                  conflicts and writes nothing (exit 1), unless --prefer newest\n"
-        "                  (the newest ingest wins). Sources made from different corpus\n"
-        "                  listings (recorded by kvzip-ingest --shard) are refused the same\n"
-        "                  way unless --allow-mixed-corpus. Refuses stores of another model\n"
-        "                  (exit 4) and DST among the sources (exit 2). Rerun after an\n"
-        "                  interruption to finish (one transaction per document);\n"
-        "                  a repeated merge writes nothing.\n"
-        "  snapshot DIR    consistent compacted copy of the store (LMDB copy with\n"
-        "                  compaction, of one read snapshot) into DIR, which must not exist\n"
-        "                  or be empty (exit 1 otherwise); safe while kvzip-ingest writes.\n"
-        "                  Ship DIR to query hosts and open it there read-only.\n"
-        "\n"
-        "Options:\n"
-        "  --store DIR     store folder (default: $KVZ_STORE or ./%s)\n"
-        "  --json          machine-readable output: one JSON object on stdout\n"
-        "  -h, --help      this text\n"
-        "  --              end of options: an id that begins with '-' (rm -- -x.txt)\n"
-        "\n"
-        "Ids and messages are printed with control characters escaped (\\n, \\r, \\t,\n"
-        "\\\\, \\xHH, \\u00HH for C1 codes), so a file name cannot drive the terminal or\n"
-        "fake an ls row; --json escapes them as JSON does.\n"
-        "\n"
-        "A damaged store (truncated data.mdb, damaged pages) is refused with 'store\n"
-        "damaged: ...' and exit 5 by every command except salvage; docs/ERRORS.md says\n"
-        "how to recover.\n"
-        "\n"
-        "Readers (ls, show, verify, stats) see a consistent snapshot and may run while\n"
-        "kvzip-ingest writes. rm and gc wait for a running writer to finish.\n"
-        "\n"
-        "Exit status: 0 ok; 2 usage; 5 store problem (verify found problems, damaged,\n"
-        "corrupt or unreadable store, store full, salvage lost documents); 6 store or\n"
-        "document not found; 1 other errors\n"
-        "(docs/ERRORS.md).\n",
-        KVZ_DEFAULT_STORE);
-}
+static void usage(void) { fputs(cli_help, stdout); } /* cli/help/kvzip-store.txt */
 
 static int json, compact;
 
