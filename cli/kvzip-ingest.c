@@ -13,6 +13,7 @@
 #include "kvzip-ingest.help.h" /* cli_help: generated from cli/help/kvzip-ingest.txt */
 #include "kvz_batch.h"
 #include "kvz_error.h"
+#include "kvz_ingest_report.h"
 #include "kvz_kvrow.h"
 #include "kvz_workers.h"
 
@@ -30,97 +31,30 @@ static int g_bar, g_lines; /* progress bar on stderr (a tty); one line per part 
 static void on_corpus(void *user, const kvz_corpus_event *e)
 {
     (void)user;
-    const char *p = cli_escape(e->path);
-    char pa[64] = "", pb[64] = "";
-    switch (e->what) {
-    case KVZ_CORPUS_SKIPPED:
-        fprintf(stderr, "kvzip-ingest: warning: skipping %s: %s\n", p, cli_escape(e->detail));
-        break;
-    case KVZ_CORPUS_DIR_UNREADABLE:
-        fprintf(stderr, "kvzip-ingest: warning: cannot read folder %s: %s\n", p, e->detail);
-        break;
-    case KVZ_CORPUS_DIR_WALKED:
-        fprintf(stderr, "kvzip-ingest: warning: skipping %s: folder already walked (a symbolic link to "
-                "it or to an ancestor)\n", p);
-        break;
-    case KVZ_CORPUS_MISSING: fprintf(stderr, "kvzip-ingest: error: %s: %s\n", p, e->detail); break;
-    case KVZ_CORPUS_ID_LENGTH:
-        fprintf(stderr, "kvzip-ingest: error: %s: document id of %zu bytes is outside 1..%d bytes (ingest "
-                "the FILE alone with a shorter --id)\n", p, strlen(e->id), KVZ_STORE_DOC_ID_MAX);
-        break;
-    case KVZ_CORPUS_COLLISION:
-        if (e->n_parts > 1) snprintf(pa, sizeof pa, " (part %d of %d)", e->part, e->n_parts);
-        if (e->n_parts2 > 1) snprintf(pb, sizeof pb, " (part %d of %d)", e->part2, e->n_parts2);
-        fprintf(stderr, "kvzip-ingest: error: %s%s and %s%s would both be stored as '%s'; nothing stored "
-                "(use --path-ids, ingest them separately, or name one FILE with --id)\n", p, pa,
-                cli_escape(e->path2), pb, cli_escape(e->id));
-        break;
-    case KVZ_CORPUS_UNREADABLE: cli_error(e->rc, "cannot read %s", e->path); break;
-    case KVZ_CORPUS_UNTOKENIZED: cli_error(e->rc, "cannot tokenize %s", e->path); break;
-    case KVZ_CORPUS_NO_PARTS: cli_error(e->rc, "%s", e->path); break;
-    }
+    kvz_ingest_report_corpus_event(stderr, cli_prog, e);
 }
 
 static void on_batch(void *user, const kvz_batch_event *e)
 {
     (void)user;
-    if (e->what == KVZ_BATCH_NOT_STARTED) {
-        cli_error(e->rc, "cannot start the ingest pipeline");
-        return;
-    }
-    if (e->what == KVZ_BATCH_PART || e->what == KVZ_BATCH_NOT_TRIED) {
-        if (g_bar) fprintf(stderr, "\r\033[K");
-        if (e->what == KVZ_BATCH_NOT_TRIED) return; /* the store's error was printed once */
-    }
-    if (e->rc) cli_error(e->rc, "%s", e->id); /* a part, or a document before or after its parts */
-    else if (g_lines)
-        fprintf(stderr, "%-10s %s  %d tokens  %.1f s\n", e->status, cli_escape(e->id), e->res->n_ctx,
-                e->res->seconds);
+    if (g_bar && (e->what == KVZ_BATCH_PART || e->what == KVZ_BATCH_NOT_TRIED)) fprintf(stderr, "\r\033[K");
+    if (e->rc || g_lines) kvz_ingest_report_batch_event(stderr, cli_prog, e);
 }
 
 static void on_progress(void *user, const char *id, int64_t cur, int64_t total, double el)
 {
     (void)user;
     if (!g_bar) return;
-    char name[64], bar[31];
-    snprintf(name, sizeof name, "%s", cli_escape(id));
-    const double rate = el > 0 ? cur / el : 0;
-    const double frac = total ? (double)cur / (double)total : 0, eta = rate > 0 ? (total - cur) / rate : 0;
-    for (int i = 0, fill = (int)(frac * 30); i < 30; i++) bar[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
-    bar[30] = 0;
-    fprintf(stderr, "\r[%s] %3.0f%% %lld/%lld tok  %.0f tok/s  ETA %d:%02d  %-32.32s", bar, frac * 100,
-            (long long)cur, (long long)total, rate, (int)eta / 60, (int)eta % 60, name);
+    kvz_ingest_report_progress(stderr, id, cur, total, el);
     fflush(stderr);
 }
 
 static void print_summary(const char *store_path, size_t n_docs, const kvz_batch_stats *s, int failed,
                           int skipped, float ratio, int json, int quiet)
 {
-    if (json) {
-        printf("{\"store\": ");
-        cli_json_str(stdout, store_path, strlen(store_path));
-        printf(", \"documents\": %zu, \"parts\": %d, \"ingested\": %d, \"unchanged\": %d, "
-               "\"linked\": %d, \"failed\": %d, \"skipped\": %d, \"tokens\": %lld, "
-               "\"tokens_ingested\": %lld, \"ratio\": %.4f, "
-               "\"pairs_total\": %lld, \"pairs_kept\": %lld, \"bytes_kv_full\": %llu, "
-               "\"bytes_kv_kept\": %llu, \"bytes_stored\": %llu, \"seconds\": %.3f}\n",
-               n_docs, s->parts, s->written, s->unchanged, s->linked, failed, skipped,
-               (long long)s->tokens, (long long)s->tokens_written, ratio, (long long)s->pairs_total,
-               (long long)s->pairs_kept, (unsigned long long)s->bytes_full,
-               (unsigned long long)s->bytes_kept, (unsigned long long)s->bytes_stored, s->seconds);
-    } else if (!quiet) {
-        char kv[256] = "";
-        if (s->written && s->bytes_full && s->bytes_stored && s->pairs_total)
-            snprintf(kv, sizeof kv, " | ingested KV: full %.2f MB, kept %.2f MB (%.0f%% of the "
-                     "context pairs, %.0f%% of the bytes with the prefix), stored %.2f MB (zstd "
-                     "%.2fx)", s->bytes_full / 1e6, s->bytes_kept / 1e6,
-                     100.0 * (double)s->pairs_kept / (double)s->pairs_total,
-                     100.0 * (double)s->bytes_kept / (double)s->bytes_full, s->bytes_stored / 1e6,
-                     (double)s->bytes_kept / (double)s->bytes_stored);
-        fprintf(stderr, "kvzip-ingest: %d ingested, %d linked, %d unchanged, %d failed, %d skipped "
-                "| %lld tokens in %.1f s%s\n", s->written, s->linked, s->unchanged, failed,
-                skipped, (long long)s->tokens, s->seconds, kv);
-    }
+    if (json || !quiet)
+        kvz_ingest_report_summary(json ? stdout : stderr, cli_prog, store_path, n_docs, s, failed, skipped,
+                                  ratio, json);
 }
 
 /* ---- options ---- */
@@ -210,22 +144,6 @@ static int resolve_gpus(ingest_args *a)
         return EXIT_MODEL;
     }
     return 0;
-}
-
-/* --list: the ids this run would ingest, one a line or one JSON object. */
-static void list_docs(const kvz_corpus *c, const kvz_shard *sh, uint64_t corpus, size_t n_corpus, int json)
-{
-    if (json)
-        printf("{\"shard\": \"%u/%u\", \"corpus\": \"%016llx\", \"corpus_documents\": %zu, \"documents\": [",
-               sh->n ? sh->index : 0, sh->n ? sh->n : 1, (unsigned long long)corpus, n_corpus);
-    for (size_t i = 0, first = 1; i < c->n; i++) {
-        if (c->v[i].dropped) continue;
-        if (!json) { printf("%s\n", cli_escape(c->v[i].id)); continue; }
-        printf("%s", first ? "" : ", ");
-        cli_json_str(stdout, c->v[i].id, strlen(c->v[i].id));
-        first = 0;
-    }
-    if (json) printf("]}\n");
 }
 
 /* ---- steps 3 and 4: in this process, in the parent of workers, in a worker ---- */
@@ -336,49 +254,18 @@ static int run_workers(const kvz_corpus *c, int argc, char **argv, ingest_args *
     const int per = a->threads > 0 ? (int)a->threads : (int)(ncpu / nw > 0 ? ncpu / nw : 1);
     size_t n = 0;
     for (size_t i = 0; i < c->n; i++) n += (size_t)c->v[i].usable;
-    char last[16];
-    snprintf(last, sizeof last, "%d", nw - 1);
     if (!a->quiet && !a->json)
-        fprintf(stderr, "kvzip-ingest: %zu documents, longest first, to %d worker%s (%s%s, %d thread%s each)\n",
-                n, nw, nw == 1 ? "" : "s", a->gpus ? "one per GPU: cuda:0.." : "device ",
-                a->gpus ? last : a->device_str, per, per == 1 ? "" : "s");
+        kvz_ingest_report_workers_start(stderr, cli_prog, n, nw, a->gpus != NULL, a->device_str, per);
     const kvz_workers_opts o = {nw, a->gpus != NULL, a->device_str, per, "/proc/self/exe", av, on_worker_line, a};
     kvz_workers_result r;
     const int rc = kvz_workers_run(c, &o, &r);
     if (!r.per) oom();
-    for (int w = 0; !rc && n && w < nw; w++) {
-        const kvz_workers_one *p = &r.per[w];
-        if (p->w.exit_code < 0)
-            fprintf(stderr, "kvzip-ingest: error: worker %d (%s) was killed by signal %d after taking %llu "
-                    "documents; rerun to finish them (stored documents are skipped)\n", w, p->device,
-                    p->w.signal, (unsigned long long)p->w.claimed);
-        else if (p->w.exit_code && !p->summarized)
-            fprintf(stderr, "kvzip-ingest: error: worker %d (%s) exited with status %d before ingesting\n", w,
-                    p->device, p->w.exit_code);
-    }
+    if (!rc && n) kvz_ingest_report_workers_lost(stderr, cli_prog, &r, nw);
     if (rc) cli_error(rc, "cannot start the workers");
     const int failed = c->failed + (int)r.failed, skipped = c->skipped + (int)r.skipped;
-    if (a->json) {
-        printf("{\"store\": ");
-        cli_json_str(stdout, store_path, strlen(store_path));
-        printf(", \"workers\": %d, \"documents\": %zu, \"parts\": %lld, \"ingested\": %lld, \"unchanged\": %lld, "
-               "\"linked\": %lld, \"failed\": %d, \"skipped\": %d, \"tokens\": %lld, \"bytes_stored\": %llu, "
-               "\"worker_errors\": %d, \"seconds\": %.3f, \"per_worker\": [",
-               nw, n, (long long)r.parts, (long long)r.ingested, (long long)r.unchanged, (long long)r.linked,
-               failed, skipped, (long long)r.tokens, (unsigned long long)r.bytes_stored, r.bad_workers, r.seconds);
-        for (int w = 0; w < nw; w++)
-            printf("%s{\"device\": \"%s\", \"documents\": %llu, \"exit\": %d}", w ? ", " : "", r.per[w].device,
-                   (unsigned long long)r.per[w].w.claimed, r.per[w].w.exit_code);
-        printf("]}\n");
-    } else if (!a->quiet) {
-        fprintf(stderr, "kvzip-ingest: %d workers: %lld ingested, %lld linked, %lld unchanged, %d failed, "
-                "%d skipped | %lld tokens in %.1f s (%.0f tok/s) | stored %.2f MB\n", nw, (long long)r.ingested,
-                (long long)r.linked, (long long)r.unchanged, failed, skipped, (long long)r.tokens, r.seconds,
-                r.seconds > 0 ? r.tokens / r.seconds : 0, r.bytes_stored / 1e6);
-        for (int w = 0; w < nw; w++)
-            fprintf(stderr, "  worker %d (%s): %llu document%s\n", w, r.per[w].device,
-                    (unsigned long long)r.per[w].w.claimed, r.per[w].w.claimed == 1 ? "" : "s");
-    }
+    if (a->json || !a->quiet)
+        kvz_ingest_report_workers_summary(a->json ? stdout : stderr, cli_prog, store_path, &r, nw, n, failed,
+                                          skipped, a->json);
     const int bad = rc || failed || r.bad_workers;
     kvz_workers_result_free(&r);
     free(av);
@@ -444,7 +331,7 @@ int main(int argc, char **argv)
     if (bad < 0) oom();
     ex = bad ? EXIT_FAIL : -1;
     if (!bad && a.list_only) {
-        list_docs(&c, &shard, corpus_hash, n_corpus, a.json);
+        kvz_ingest_report_list(stdout, &c, &shard, corpus_hash, n_corpus, a.json);
         ex = c.failed ? EXIT_FAIL : 0;
     }
     if (ex < 0 && shard.n) {

@@ -18,7 +18,6 @@
 #include "kvz_store_report.h"
 
 #define E cli_escape
-#define R kvz_store_ratio
 
 static void usage(void) { fputs(cli_help, stdout); } /* cli/help/kvzip-store.txt */
 
@@ -56,26 +55,10 @@ static int no_doc(kvz_store *s, const char *path, const char *id)
     return EXIT_NOTFOUND;
 }
 
-static const char *B(uint64_t b) /* bytes for a text line; 8 rotating buffers */
-{
-    static char bufs[8][32];
-    static unsigned next;
-    char *out = bufs[next++ % 8];
-    if (b < 10000) snprintf(out, 32, "%" PRIu64 " B", b);
-    else if (b < 10000000) snprintf(out, 32, "%.1f kB", b / 1e3);
-    else if (b < 10000000000ull) snprintf(out, 32, "%.1f MB", b / 1e6);
-    else snprintf(out, 32, "%.2f GB", b / 1e9);
-    return out;
-}
-
 static int ls_cb(void *u, const char *id, const kvz_store_doc_info *in)
 {
     int *n = u;
-    char date[32];
-    kvz_store_fmt_date(in->ingest_time, date);
-    if (!json)
-        printf("%-40s %8" PRIu64 " %6.3f %10s %7.2fx  %s\n", E(id), in->n_tokens, in->ratio,
-               B(in->bytes_stored), R(in->bytes_kv_full, in->bytes_stored), date);
+    if (!json) kvz_store_report_print_ls_row(stdout, id, in);
     else if (fputs(*n ? ",\n    " : "\n    ", stdout), dump(kvz_report_doc(id, in), ""))
         return 1; /* ends the walk */
     (*n)++;
@@ -86,7 +69,7 @@ static int cmd_ls(kvz_store *s, const char *path, const char *arg)
 {
     int n = 0, rc;
     (void)arg;
-    if (!json) printf("%-40s %8s %6s %10s %8s  %s\n", "ID", "TOKENS", "RATIO", "STORED", "COMPR", "DATE (UTC)");
+    if (!json) kvz_store_report_print_ls_header(stdout);
     else if (fputs("{\"store\": ", stdout), dump(kvz_report_text(path), ", \"docs\": [")) return EXIT_FAIL;
     rc = kvz_store_list(s, ls_cb, &n);
     if (json) printf("%s]}\n", n ? "\n  " : "");
@@ -98,8 +81,6 @@ static int cmd_show(kvz_store *s, const char *path, const char *id)
     kvz_store_doc_detail *d = malloc(sizeof *d);
     if (!d) return FAIL(KVZ_ERR_NOMEM, "show");
     int rc = kvz_store_doc_detail_get(s, id, d), ex = EXIT_OK;
-    const kvz_store_doc_info *in = &d->info;
-    const kvz_blob_meta *m = &d->meta;
     if (rc == KVZ_ERR_NOTFOUND && d->failed == KVZ_DETAIL_DOC) ex = no_doc(s, path, id);
     else if (rc && d->failed == KVZ_DETAIL_READ) ex = FAIL(rc, "cannot read %s", path);
     else if (rc && d->failed == KVZ_DETAIL_DOC) ex = FAIL(rc, "cannot read document '%s'", id);
@@ -107,37 +88,7 @@ static int cmd_show(kvz_store *s, const char *path, const char *id)
     else if (rc && d->failed == KVZ_DETAIL_LAYER) ex = FAIL(rc, "document '%s': layer %u record", id, d->failed_layer);
     else if (rc) ex = FAIL(rc, "show");
     else if (json) ex = dump(kvz_report_doc_detail(id, d), "\n");
-    else {
-        char hx[33], fp[33], date[32];
-        kvz_store_hex16(in->hash, hx);
-        kvz_store_hex16(m->fingerprint, fp);
-        kvz_store_fmt_date(in->ingest_time, date);
-        printf("document     %s\nsource       %s\nhash         %s\ningested     %s UTC\n", E(id),
-               in->source_path[0] ? E(in->source_path) : "-", hx, date);
-        printf("tokens       %" PRIu64 " (%u system prefix + %u context)\n", in->n_tokens, m->n_prefix, m->n_context);
-        printf("KV bytes     full %s, kept %s, stored %s in %u records\n", B(in->bytes_kv_full),
-               B(in->bytes_kv_kept), B(in->bytes_stored), in->n_records);
-        printf("compression  %.2fx overall (eviction %.2fx, zstd %.2fx)\nmodel        %s\n",
-               R(in->bytes_kv_full, in->bytes_stored), R(in->bytes_kv_full, in->bytes_kv_kept),
-               R(in->bytes_kv_kept, in->bytes_stored), fp);
-        printf("dims         %u layers, %u query heads, %u KV heads, head_dim %u, %s\n", m->n_layer,
-               m->n_head, m->n_kv_head, m->head_dim, kvz_store_dtype_name(m->dtype));
-        printf("eviction     %s, ratio %.3f, chunk %u, overlap %u, prefix %s\n", kvz_store_mode_name(m->mode),
-               m->ratio, m->chunk, m->overlap, m->prefix_policy == KVZ_PREFIX_KEEP ? "kept"
-               : m->prefix_policy == KVZ_PREFIX_SHARED ? "shared (one copy per store)" : "not stored");
-        printf("kept pairs   %" PRIu64 " (context %" PRIu64 " of %" PRIu64 " = %.3f); per head %u..%u\n",
-               d->pairs_kept, d->context_pairs_kept, d->context_pairs,
-               R(d->context_pairs_kept, d->context_pairs), d->kept_min, d->kept_max);
-        printf("records      META %" PRIu64 " B; layers raw %s -> %s (zstd %.2fx)\n", d->meta_bytes,
-               B(d->bytes_raw), B(d->bytes_records), R(d->bytes_raw, d->bytes_records - d->meta_bytes));
-        printf("\n%5s %8s %10s %10s  %s\n", "LAYER", "KEPT", "RAW", "RECORD", "PER KV HEAD");
-        for (uint32_t l = 0, H = m->n_kv_head; l < m->n_layer; l++) {
-            printf("%5u %8" PRIu64 " %10" PRIu64 " %10" PRIu64 "  ", l, kvz_blob_layer_kept(m, l),
-                   d->raw_bytes[l], d->rec_bytes[l]);
-            for (uint32_t h = 0; h < H && h < 16; h++) printf("%s%u", h ? " " : "", m->counts[l * H + h]);
-            printf("%s\n", H > 16 ? " ..." : "");
-        }
-    }
+    else kvz_store_report_print_doc_detail(stdout, id, d);
     kvz_store_doc_detail_free(d);
     free(d);
     return ex;
@@ -168,9 +119,7 @@ static int cmd_verify(kvz_store *s, const char *path, const char *arg)
     (void)arg;
     if (rc) return FAIL(rc, "cannot verify %s", path);
     if (json && dump(kvz_report_verify(&vr, (double)(clock() - t0) / CLOCKS_PER_SEC), "\n")) return EXIT_FAIL;
-    if (!json)
-        printf("%s: %" PRIu64 " documents, %" PRIu64 " blobs, %" PRIu64 " records decoded: %s\n",
-               E(path), vr.n_docs, vr.n_blobs, vr.n_records, vr.n_problems ? "PROBLEMS" : "ok");
+    if (!json) kvz_store_report_print_verify(stdout, path, &vr);
     if (!vr.n_problems) return EXIT_OK;
     fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " problem%s found\n", E(path), vr.n_problems,
             vr.n_problems == 1 ? "" : "s");
@@ -180,16 +129,11 @@ static int cmd_verify(kvz_store *s, const char *path, const char *arg)
 static int cmd_gc(kvz_store *s, const char *path, const char *arg)
 {
     kvz_store_gc_compact_result r;
-    const kvz_store_gc_result *g = &r.gc;
     int rc = kvz_store_gc_compact(s, compact, &r);
     (void)arg;
     if (rc) return r.gc_done ? FAIL(rc, "compacting %s failed (store unchanged)", path) : FAIL(rc, "gc of %s failed", path);
     if (json) return dump(kvz_report_gc(&r), "\n");
-    printf("gc: dropped %" PRIu64 " unreferenced blobs and %" PRIu64 " orphan records (%" PRIu64
-           " records, %s); fixed %" PRIu64 " refcounts; dropped %" PRIu64 " unreferenced shared "
-           "prefixes\n", g->blobs_dropped, g->orphan_records, g->records_dropped, B(g->bytes_dropped),
-           g->refs_fixed, g->prefixes_dropped);
-    if (compact) printf("compact: data.mdb %s -> %s\n", B(r.file_bytes_before), B(r.file_bytes_after));
+    kvz_store_report_print_gc(stdout, &r);
     return EXIT_OK;
 }
 
@@ -207,10 +151,7 @@ static int cmd_salvage(kvz_store *s, const char *path, const char *dst)
     int rc = kvz_store_salvage(s, dst, on_lost, NULL, &r);
     if (rc) return FAIL(rc, "salvage of %s into %s failed", path, dst);
     if (json && dump(kvz_report_salvage(path, dst, &r), "\n")) return EXIT_FAIL;
-    if (!json)
-        printf("salvage: %" PRIu64 " of %" PRIu64 " documents copied from %s to %s; %" PRIu64 " lost%s\n",
-               r.n_copied, r.n_docs, E(path), E(dst), r.n_lost,
-               r.n_gaps ? ", and parts of the doc index could not be read (ids unknown)" : "");
+    if (!json) kvz_store_report_print_salvage(stdout, path, dst, &r);
     if (!r.n_lost && !r.n_gaps) return EXIT_OK;
     fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " document%s lost%s", E(path), r.n_lost,
             r.n_lost == 1 ? "" : "s", r.n_gaps ? " and unreadable stretches of the doc index" : "");
@@ -222,22 +163,11 @@ static int cmd_salvage(kvz_store *s, const char *path, const char *dst)
 static int cmd_stats(kvz_store *s, const char *path, const char *arg)
 {
     kvz_store_summary t;
-    const kvz_store_stats *st = &t.st;
-    char fp[33] = "(none yet)";
     int rc = kvz_store_summary_get(s, path, &t);
     (void)arg;
     if (rc) return FAIL(rc, "cannot read %s", path);
     if (json) return dump(kvz_report_summary(path, &t), "\n");
-    if (st->has_model) kvz_store_hex16(st->model_fp, fp);
-    printf("store        %s\nmodel        %s\n", E(path), fp);
-    printf("documents    %" PRIu64 " (%" PRIu64 " tokens)\n", st->n_docs, t.tokens);
-    printf("blobs        %" PRIu64 " (%" PRIu64 " records, %s)\n", st->n_blobs, st->n_records, B(st->bytes_records));
-    printf("KV bytes     full %s, kept %s, stored %s\n", B(t.bytes_kv_full), B(t.bytes_kv_kept), B(st->bytes_records));
-    printf("compression  %.2fx overall (eviction %.2fx, zstd %.2fx; per document, before sharing)\n",
-           R(t.bytes_kv_full, t.bytes_stored_docs), R(t.bytes_kv_full, t.bytes_kv_kept),
-           R(t.bytes_kv_kept, t.bytes_stored_docs));
-    printf("map          %s in use of %s mapped; data.mdb %s; page %u B\nlast txn     %" PRIu64 "\n",
-           B(st->map_used), B(st->map_size), B(t.file_bytes), st->page_size, st->last_txnid);
+    kvz_store_report_print_summary(stdout, path, &t);
     return EXIT_OK;
 }
 
@@ -251,7 +181,7 @@ static int cmd_snapshot(kvz_store *s, const char *path, const char *dir)
     if (rc) return FAIL(rc, "snapshot of %s into %s failed (nothing left there)", path, dir);
     const uint64_t bytes = kvz_store_file_bytes(dir);
     if (json) return dump(json_pack("{s:o, s:I}", "snapshot", kvz_report_text(dir), "bytes", (json_int_t)bytes), "\n");
-    printf("snapshot: %s -> %s (%s, compacted)\n", E(path), E(dir), B(bytes));
+    kvz_store_report_print_snapshot(stdout, path, dir, bytes);
     return EXIT_OK;
 }
 
@@ -288,10 +218,7 @@ static int cmd_merge(const char **srcs, int n, const char *into, const kvz_merge
                 "nothing merged (re-run the stale shards, or --allow-mixed-corpus)\n");
     if (r.refused || (json && dump(kvz_report_merge(into, &r), "\n"))) return EXIT_FAIL;
     if (!json)
-        printf("merge: %" PRIu64 " documents from %d store%s into %s: %" PRIu64 " copied, %" PRIu64
-               " linked, %" PRIu64 " unchanged, %" PRIu64 " replaced, %" PRIu64 " skipped (blob "
-               "does not verify), %" PRIu64 " conflicts resolved\n", r.n_docs, n, n == 1 ? "" : "s",
-               E(into), r.copied, r.linked, r.unchanged, r.replaced, r.bad, r.conflicts);
+        kvz_store_report_print_merge(stdout, into, n, &r);
     if (!r.bad) return EXIT_OK;
     fprintf(stderr, "kvzip-store: error: %" PRIu64 " document%s not merged: %s blob did not verify\n",
             r.bad, r.bad == 1 ? "" : "s", r.bad == 1 ? "its" : "their");
