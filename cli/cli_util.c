@@ -38,6 +38,12 @@ void cli_error(int rc, const char *fmt, ...)
     kvz_escape_error(stderr, cli_prog, rc, what);
 }
 
+void cli_error_detail(int rc)
+{
+    fprintf(stderr, "%s: error: %s (%s)\n", cli_prog, cli_escape(kvz_error_detail()), kvz_strerror(rc));
+    kvz_error_clear();
+}
+
 void cli_usage_error(const char *fmt, ...)
 {
     char msg[2048];

@@ -27,6 +27,9 @@ void cli_init(const char *prog, char **argv);
 /* Print "prog: error: <what>: <detail> (<class>)" on one line, what and detail escaped
  * (cli_escape), then clear the detail. */
 void cli_error(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Print "prog: error: <detail> (<class>)" (detail escaped), the library's own one-line
+ * account of failure rc, then clear the detail. */
+void cli_error_detail(int rc);
 /* Print "prog: <msg> (see prog --help)" (msg escaped: cli_escape) and exit(EXIT_USAGE). */
 void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /* Exit code for a library error class. */

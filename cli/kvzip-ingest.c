@@ -225,8 +225,8 @@ static int run_worker(kvz_claims *claims, const ingest_args *a)
 static void on_worker_line(void *user, int w, const char *dev, const char *line, uint64_t claimed, size_t n)
 {
     const ingest_args *a = user;
-    if (a->quiet && !strstr(line, "error") && !strstr(line, "warning")) return;
-    fprintf(stderr, "[w%d %s] %s  (%llu/%zu handed out)\n", w, dev, line, (unsigned long long)claimed, n);
+    if (!a->quiet || strstr(line, "error") || strstr(line, "warning"))
+        kvz_ingest_report_worker_line(stderr, w, dev, line, claimed, n);
 }
 
 /* Parent of --workers / --gpus: the usable documents (read in step 2, so unusable files
@@ -324,8 +324,7 @@ int main(int argc, char **argv)
     size_t n_corpus = 0;
     if (kvz_corpus_shard(&c, &shard, &corpus_hash, &n_corpus)) oom();
     if (shard.n && !a.json && (!a.quiet || a.list_only))
-        fprintf(stderr, "kvzip-ingest: shard %u/%u (from %s): %zu of %zu documents (corpus listing %016llx)\n",
-                shard.index, shard.n, shard.source, c.n, n_corpus, (unsigned long long)corpus_hash);
+        kvz_ingest_report_shard(stderr, cli_prog, &shard, c.n, n_corpus, corpus_hash);
     /* 1. ids (an id is in one shard: checking the shard's share finds every collision once) */
     const int bad = kvz_corpus_check_ids(&c);
     if (bad < 0) oom();
@@ -338,10 +337,7 @@ int main(int argc, char **argv)
         const char *path = cli_store_path(a.store);
         char old[128];
         const int rc = kvz_workers_mark_store(path, &shard, corpus_hash, n_corpus, old);
-        if (old[0])
-            fprintf(stderr, "kvzip-ingest: warning: %s was filled from corpus listing %s before, this run's "
-                    "listing is %016llx %zu: the corpus changed; re-run every shard before merging\n",
-                    cli_escape(path), cli_escape(old), (unsigned long long)corpus_hash, n_corpus);
+        if (old[0]) kvz_ingest_report_listing_changed(stderr, cli_prog, path, old, corpus_hash, n_corpus);
         if (rc) {
             cli_error(rc, "cannot record the shard in store %s", path);
             ex = cli_store_exit(rc);
@@ -353,14 +349,7 @@ int main(int argc, char **argv)
     if (ex < 0 && n_usable == 0) { /* no store is created or opened for nothing */
         ex = c.failed ? EXIT_FAIL : shard.n ? 0 : EXIT_INPUT;
         /* a shard whose share is empty or all skipped is an empty shard, not an error */
-        if (!c.failed && shard.n && c.skipped && !a.quiet && !a.json)
-            fprintf(stderr, "kvzip-ingest: shard %u/%u: no usable document (%d skipped)\n", shard.index,
-                    shard.n, c.skipped);
-        else if (!c.failed && !shard.n && c.skipped)
-            fprintf(stderr, "kvzip-ingest: error: no usable document: %d file%s skipped\n", c.skipped,
-                    c.skipped == 1 ? "" : "s");
-        else if (!c.failed && !shard.n)
-            fprintf(stderr, "kvzip-ingest: error: no .txt, .md or extension-less documents found\n");
+        kvz_ingest_report_no_usable(stderr, cli_prog, &c, &shard, !a.quiet && !a.json);
     }
     /* 3. and 4. here, or in worker processes */
     if (ex < 0 && a.workers == 0) ex = ingest_local(&c, &a);

@@ -47,11 +47,7 @@ static int store_exit(int rc)
 /* "no document" for @p id, with a hint when it was stored in parts (ID#1, ID#2, ...). */
 static int no_doc(kvz_store *s, const char *path, const char *id)
 {
-    const uint32_t n = kvz_store_count_parts(s, id);
-    fprintf(stderr, "kvzip-store: error: no document '%s' in %s", E(id), E(path));
-    if (!n) fputs(" (list them with kvzip-store ls)\n", stderr);
-    else if (n == 1) fprintf(stderr, ": it was stored in parts: '%s#1' (kvzip-store ls lists them)\n", E(id));
-    else fprintf(stderr, ": it was stored in parts: '%s#1'..'%s#%u' (kvzip-store ls lists them)\n", E(id), E(id), n);
+    kvz_store_report_print_no_doc(stderr, cli_prog, path, id, kvz_store_count_parts(s, id));
     return EXIT_NOTFOUND;
 }
 
@@ -107,7 +103,7 @@ static int cmd_rm(kvz_store *s, const char *path, const char *id)
 static int on_problem(void *u, int err, const char *msg)
 {
     (void)u;
-    fprintf(stderr, "kvzip-store: verify: %s (%s)\n", E(msg), kvz_strerror(err));
+    kvz_store_report_print_problem(stderr, cli_prog, err, msg);
     return 0;
 }
 
@@ -140,8 +136,7 @@ static int cmd_gc(kvz_store *s, const char *path, const char *arg)
 static int on_lost(void *u, const char *id, int err, const char *msg)
 {
     (void)u;
-    if (id) fprintf(stderr, "kvzip-store: salvage: lost '%s': %s (%s)\n", E(id), E(msg), kvz_strerror(err));
-    else fprintf(stderr, "kvzip-store: salvage: %s (%s)\n", E(msg), kvz_strerror(err));
+    kvz_store_report_print_lost(stderr, cli_prog, id, err, msg);
     return 0;
 }
 
@@ -153,10 +148,7 @@ static int cmd_salvage(kvz_store *s, const char *path, const char *dst)
     if (json && dump(kvz_report_salvage(path, dst, &r), "\n")) return EXIT_FAIL;
     if (!json) kvz_store_report_print_salvage(stdout, path, dst, &r);
     if (!r.n_lost && !r.n_gaps) return EXIT_OK;
-    fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " document%s lost%s", E(path), r.n_lost,
-            r.n_lost == 1 ? "" : "s", r.n_gaps ? " and unreadable stretches of the doc index" : "");
-    if (r.n_copied) fprintf(stderr, " (the rest is in %s)\n", E(dst));
-    else fprintf(stderr, "; nothing could be copied, so %s was not created\n", E(dst)); /* e.g. a damaged shared prefix */
+    kvz_store_report_print_salvage_loss(stderr, cli_prog, path, dst, &r);
     return EXIT_STORE;
 }
 
@@ -174,10 +166,7 @@ static int cmd_stats(kvz_store *s, const char *path, const char *arg)
 static int cmd_snapshot(kvz_store *s, const char *path, const char *dir)
 {
     int rc = kvz_store_snapshot(s, dir);
-    if (rc == KVZ_ERR_ARG) {
-        fprintf(stderr, "kvzip-store: error: %s (%s)\n", E(kvz_error_detail()), kvz_strerror(rc));
-        return kvz_error_clear(), EXIT_FAIL;
-    }
+    if (rc == KVZ_ERR_ARG) return cli_error_detail(rc), EXIT_FAIL;
     if (rc) return FAIL(rc, "snapshot of %s into %s failed (nothing left there)", path, dir);
     const uint64_t bytes = kvz_store_file_bytes(dir);
     if (json) return dump(json_pack("{s:o, s:I}", "snapshot", kvz_report_text(dir), "bytes", (json_int_t)bytes), "\n");
@@ -188,14 +177,8 @@ static int cmd_snapshot(kvz_store *s, const char *path, const char *dir)
 /* merge (docs/SCALE.md): the library reports each document, conflict and problem */
 static int on_merge(void *u, int kind, const char *msg)
 {
-    if (kind == KVZ_MERGE_DOC) {
-        if (!*(const int *)u && !json) fprintf(stderr, "%s\n", msg);
-    } else if (kind == KVZ_MERGE_CORPUS && !strncmp(msg, "note: ", 6)) {
-        fprintf(stderr, "kvzip-store: merge: warning: %s\n", msg + 6);
-    } else {
-        fprintf(stderr, "kvzip-store: merge: %s%s\n", kind == KVZ_MERGE_CONFLICT ? "conflict: "
-                : kind == KVZ_MERGE_BAD_BLOB ? "error: " : "", msg);
-    }
+    if (kind != KVZ_MERGE_DOC || (!*(const int *)u && !json)) /* a document's line unless --quiet */
+        kvz_store_report_print_merge_event(stderr, cli_prog, kind, msg);
     return 0;
 }
 
@@ -204,8 +187,7 @@ static int cmd_merge(const char **srcs, int n, const char *into, const kvz_merge
     kvz_merge_result r;
     int rc = kvz_store_merge(srcs, (size_t)n, into, o, on_merge, &quiet, &r);
     if (rc == KVZ_ERR_MODEL || rc == KVZ_ERR_ARG || rc == KVZ_ERR_NOTFOUND) {
-        fprintf(stderr, "kvzip-store: error: %s (%s)\n", E(kvz_error_detail()), kvz_strerror(rc));
-        kvz_error_clear();
+        cli_error_detail(rc);
         return rc == KVZ_ERR_MODEL ? EXIT_MODEL : store_exit(rc);
     }
     if (rc) return FAIL(rc, "merge into %s stopped (documents merged so far stay; rerun to finish)", into);
@@ -217,8 +199,7 @@ static int cmd_merge(const char **srcs, int n, const char *into, const kvz_merge
         fprintf(stderr, "kvzip-store: error: the sources were made from different corpus listings; "
                 "nothing merged (re-run the stale shards, or --allow-mixed-corpus)\n");
     if (r.refused || (json && dump(kvz_report_merge(into, &r), "\n"))) return EXIT_FAIL;
-    if (!json)
-        kvz_store_report_print_merge(stdout, into, n, &r);
+    if (!json) kvz_store_report_print_merge(stdout, into, n, &r);
     if (!r.bad) return EXIT_OK;
     fprintf(stderr, "kvzip-store: error: %" PRIu64 " document%s not merged: %s blob did not verify\n",
             r.bad, r.bad == 1 ? "" : "s", r.bad == 1 ? "its" : "their");

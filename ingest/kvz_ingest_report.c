@@ -161,3 +161,37 @@ void kvz_ingest_report_workers_summary(FILE *f, const char *prog, const char *st
         fprintf(f, "  worker %d (%s): %llu document%s\n", w, r->per[w].device,
                 (unsigned long long)r->per[w].w.claimed, r->per[w].w.claimed == 1 ? "" : "s");
 }
+
+void kvz_ingest_report_shard(FILE *f, const char *prog, const kvz_shard *sh, size_t n_docs, size_t n_ids,
+                             uint64_t corpus_hash)
+{
+    fprintf(f, "%s: shard %u/%u (from %s): %zu of %zu documents (corpus listing %016llx)\n", prog, sh->index,
+            sh->n, sh->source, n_docs, n_ids, (unsigned long long)corpus_hash);
+}
+
+void kvz_ingest_report_listing_changed(FILE *f, const char *prog, const char *path, const char *old,
+                                       uint64_t corpus_hash, size_t n_ids)
+{
+    fprintf(f, "%s: warning: %s was filled from corpus listing %s before, this run's listing is %016llx "
+            "%zu: the corpus changed; re-run every shard before merging\n", prog, E(path), E(old),
+            (unsigned long long)corpus_hash, n_ids);
+}
+
+void kvz_ingest_report_no_usable(FILE *f, const char *prog, const kvz_corpus *c, const kvz_shard *sh,
+                                 int verbose)
+{
+    if (c->failed) return;
+    if (sh->n && c->skipped && verbose)
+        fprintf(f, "%s: shard %u/%u: no usable document (%d skipped)\n", prog, sh->index, sh->n, c->skipped);
+    else if (!sh->n && c->skipped)
+        fprintf(f, "%s: error: no usable document: %d file%s skipped\n", prog, c->skipped,
+                c->skipped == 1 ? "" : "s");
+    else if (!sh->n)
+        fprintf(f, "%s: error: no .txt, .md or extension-less documents found\n", prog);
+}
+
+void kvz_ingest_report_worker_line(FILE *f, int w, const char *device, const char *line, uint64_t claimed,
+                                   size_t n_docs)
+{
+    fprintf(f, "[w%d %s] %s  (%llu/%zu handed out)\n", w, device, line, (unsigned long long)claimed, n_docs);
+}

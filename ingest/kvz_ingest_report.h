@@ -46,6 +46,22 @@ void kvz_ingest_report_progress(FILE *f, const char *id, int64_t done, int64_t t
 void kvz_ingest_report_list(FILE *f, const kvz_corpus *c, const kvz_shard *sh, uint64_t corpus_hash,
                             size_t n_ids, int json);
 
+/** "PROG: shard I/N (from SOURCE): N of M documents (corpus listing HASH)": this
+ *  shard's share @p n_docs of the @p n_ids ids of the corpus. */
+void kvz_ingest_report_shard(FILE *f, const char *prog, const kvz_shard *sh, size_t n_docs, size_t n_ids,
+                             uint64_t corpus_hash);
+
+/** The warning that store @p path was filled from corpus listing @p old (as
+ *  kvz_workers_mark_store returns it) and this run's is @p corpus_hash / @p n_ids. */
+void kvz_ingest_report_listing_changed(FILE *f, const char *prog, const char *path, const char *old,
+                                       uint64_t corpus_hash, size_t n_ids);
+
+/** Why a run has no usable document when none of @p c failed (nothing when some
+ *  did: those were reported): an error line without a shard; for a shard (an empty
+ *  shard, not an error) a line only when files were skipped and @p verbose. */
+void kvz_ingest_report_no_usable(FILE *f, const char *prog, const kvz_corpus *c, const kvz_shard *sh,
+                                 int verbose);
+
 /** A run's summary of @p n_docs documents into @p store_path, @p failed and
  *  @p skipped counted by the caller (corpus and batch together). With @p json one
  *  flat JSON object (store, documents, parts, ingested, unchanged, linked, failed,
@@ -60,6 +76,10 @@ void kvz_ingest_report_summary(FILE *f, const char *prog, const char *store_path
  *  workers, one per GPU (cuda:0..N-1) or each on @p device, @p threads each. */
 void kvz_ingest_report_workers_start(FILE *f, const char *prog, size_t n_docs, int n_workers, int gpus,
                                      const char *device, int threads);
+
+/** Worker @p w's stderr @p line (on @p device), with @p claimed of @p n_docs handed out. */
+void kvz_ingest_report_worker_line(FILE *f, int w, const char *device, const char *line, uint64_t claimed,
+                                   size_t n_docs);
 
 /** One error line per worker of @p r that was killed, or exited nonzero before its
  *  summary (the first @p n_workers of r->per). */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvz_error.h"
 #include "kvz_escape.h"
 
 /* Length of the valid UTF-8 sequence at p (n bytes left), 0 when it is not one:
@@ -312,4 +313,40 @@ void kvz_store_report_print_merge(FILE *f, const char *into, int n_sources, cons
 void kvz_store_report_print_snapshot(FILE *f, const char *src, const char *dst, uint64_t bytes)
 {
     fprintf(f, "snapshot: %s -> %s (%s, compacted)\n", E(src), E(dst), B(bytes));
+}
+
+void kvz_store_report_print_no_doc(FILE *f, const char *prog, const char *dir, const char *id, uint32_t n)
+{
+    fprintf(f, "%s: error: no document '%s' in %s", prog, E(id), E(dir));
+    if (!n) fputs(" (list them with kvzip-store ls)\n", f);
+    else if (n == 1) fprintf(f, ": it was stored in parts: '%s#1' (kvzip-store ls lists them)\n", E(id));
+    else fprintf(f, ": it was stored in parts: '%s#1'..'%s#%u' (kvzip-store ls lists them)\n", E(id), E(id), n);
+}
+
+void kvz_store_report_print_problem(FILE *f, const char *prog, int err, const char *msg)
+{
+    fprintf(f, "%s: verify: %s (%s)\n", prog, E(msg), kvz_strerror(err));
+}
+
+void kvz_store_report_print_lost(FILE *f, const char *prog, const char *id, int err, const char *msg)
+{
+    if (id) fprintf(f, "%s: salvage: lost '%s': %s (%s)\n", prog, E(id), E(msg), kvz_strerror(err));
+    else fprintf(f, "%s: salvage: %s (%s)\n", prog, E(msg), kvz_strerror(err));
+}
+
+void kvz_store_report_print_merge_event(FILE *f, const char *prog, int kind, const char *msg)
+{
+    if (kind == KVZ_MERGE_DOC) fprintf(f, "%s\n", msg);
+    else if (kind == KVZ_MERGE_CORPUS && !strncmp(msg, "note: ", 6)) fprintf(f, "%s: merge: warning: %s\n", prog, msg + 6);
+    else fprintf(f, "%s: merge: %s%s\n", prog, kind == KVZ_MERGE_CONFLICT ? "conflict: "
+                 : kind == KVZ_MERGE_BAD_BLOB ? "error: " : "", msg);
+}
+
+void kvz_store_report_print_salvage_loss(FILE *f, const char *prog, const char *src, const char *dst,
+                                         const kvz_store_salvage_result *r)
+{
+    fprintf(f, "%s: error: %s: %" PRIu64 " document%s lost%s", prog, E(src), r->n_lost, r->n_lost == 1 ? "" : "s",
+            r->n_gaps ? " and unreadable stretches of the doc index" : "");
+    if (r->n_copied) fprintf(f, " (the rest is in %s)\n", E(dst));
+    else fprintf(f, "; nothing could be copied, so %s was not created\n", E(dst)); /* e.g. a damaged shared prefix */
 }

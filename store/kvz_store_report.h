@@ -98,6 +98,26 @@ void kvz_store_report_print_merge(FILE *f, const char *into, int n_sources, cons
 /** snapshot's line: @p src copied to @p dst, @p bytes the copy's data.mdb. */
 void kvz_store_report_print_snapshot(FILE *f, const char *src, const char *dst, uint64_t bytes);
 
+/* ---- problem lines (kvzip-store prints them on stderr), each led by @p prog ---- */
+
+/** "PROG: error: no document 'ID' in DIR", with the part ids when the document
+ *  was stored in @p n_parts parts (kvz_store_count_parts), else a pointer to ls. */
+void kvz_store_report_print_no_doc(FILE *f, const char *prog, const char *dir, const char *id, uint32_t n_parts);
+/** One problem verify found (a kvz_store_problem_fn report): "PROG: verify: MSG (CLASS)". */
+void kvz_store_report_print_problem(FILE *f, const char *prog, int err, const char *msg);
+/** One document salvage could not copy (@p id NULL: a stretch of the doc index it
+ *  could not read; a kvz_store_lost_fn report): "PROG: salvage: lost 'ID': MSG (CLASS)". */
+void kvz_store_report_print_lost(FILE *f, const char *prog, const char *id, int err, const char *msg);
+/** salvage's error line when documents were lost (r->n_lost or r->n_gaps): how many,
+ *  and where the rest went (@p dst, or that nothing could be copied and @p dst was
+ *  not created). */
+void kvz_store_report_print_salvage_loss(FILE *f, const char *prog, const char *src, const char *dst,
+                                         const kvz_store_salvage_result *r);
+/** One merge report (kvz_merge_report_fn) of @p kind: a document's line as it is, a
+ *  corpus "note: ..." as "PROG: merge: warning: ...", a conflict or a blob that does
+ *  not verify as "PROG: merge: conflict: ..." / "PROG: merge: error: ...". */
+void kvz_store_report_print_merge_event(FILE *f, const char *prog, int kind, const char *msg);
+
 #ifdef __cplusplus
 }
 #endif
