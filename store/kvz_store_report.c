@@ -336,10 +336,11 @@ void kvz_store_report_print_lost(FILE *f, const char *prog, const char *id, int 
 
 void kvz_store_report_print_merge_event(FILE *f, const char *prog, int kind, const char *msg)
 {
-    if (kind == KVZ_MERGE_DOC) fprintf(f, "%s\n", msg);
-    else if (kind == KVZ_MERGE_CORPUS && !strncmp(msg, "note: ", 6)) fprintf(f, "%s: merge: warning: %s\n", prog, msg + 6);
+    /* the library's lines quote ids and paths as stored: escaped like every other line */
+    if (kind == KVZ_MERGE_DOC) fprintf(f, "%s\n", E(msg));
+    else if (kind == KVZ_MERGE_CORPUS && !strncmp(msg, "note: ", 6)) fprintf(f, "%s: merge: warning: %s\n", prog, E(msg + 6));
     else fprintf(f, "%s: merge: %s%s\n", prog, kind == KVZ_MERGE_CONFLICT ? "conflict: "
-                 : kind == KVZ_MERGE_BAD_BLOB ? "error: " : "", msg);
+                 : kind == KVZ_MERGE_BAD_BLOB ? "error: " : "", E(msg));
 }
 
 void kvz_store_report_print_salvage_loss(FILE *f, const char *prog, const char *src, const char *dst,

@@ -115,7 +115,8 @@ void kvz_store_report_print_salvage_loss(FILE *f, const char *prog, const char *
                                          const kvz_store_salvage_result *r);
 /** One merge report (kvz_merge_report_fn) of @p kind: a document's line as it is, a
  *  corpus "note: ..." as "PROG: merge: warning: ...", a conflict or a blob that does
- *  not verify as "PROG: merge: conflict: ..." / "PROG: merge: error: ...". */
+ *  not verify as "PROG: merge: conflict: ..." / "PROG: merge: error: ..."; @p msg
+ *  escaped (it quotes ids and paths as they are stored). */
 void kvz_store_report_print_merge_event(FILE *f, const char *prog, int kind, const char *msg);
 
 #ifdef __cplusplus

@@ -126,6 +126,18 @@ static void test_store_text(void)
            "kvzip-store: error: no document 'big.txt' in st: it was stored in parts: 'big.txt#1'..'big.txt#3' "
            "(kvzip-store ls lists them)\n");
 
+    /* merge's lines quote stored ids: escaped like the rest (a raw ESC would reach the terminal) */
+    f = mem_open();
+    kvz_store_report_print_merge_event(f, "kvzip-store", KVZ_MERGE_DOC, "copied    a\x1b[2J.txt (from s)");
+    kvz_store_report_print_merge_event(f, "kvzip-store", KVZ_MERGE_CONFLICT, "'b\x01' differs between sources");
+    kvz_store_report_print_merge_event(f, "kvzip-store", KVZ_MERGE_CORPUS, "note: shard 2 of 4 is missing");
+    kvz_store_report_print_merge_event(f, "kvzip-store", KVZ_MERGE_BAD_BLOB, "'c' in s: blob does not verify");
+    fclose(f);
+    OUT_IS("copied    a\\x1b[2J.txt (from s)\n"
+           "kvzip-store: merge: conflict: 'b\\x01' differs between sources\n"
+           "kvzip-store: merge: warning: shard 2 of 4 is missing\n"
+           "kvzip-store: merge: error: 'c' in s: blob does not verify\n");
+
     kvz_store_salvage_result sr;
     memset(&sr, 0, sizeof sr);
     sr.n_docs = 3;
