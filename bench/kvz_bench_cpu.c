@@ -33,7 +33,6 @@
 #include "kvz_store.h"
 #include "kvz_kvzip.h"
 #include "kvz_model.h"
-#include "kvz_model_impl.h" /* the token embedding's bytes, for the decode bound */
 #include "kvz_qdot.h"
 
 static double sgemm_gflops(int M, int N, int K, int reps)
@@ -167,8 +166,8 @@ int main(int argc, char **argv)
     /* weights read per token: every matrix once (tied embeddings: the output matrix) */
     const double bytes_mem = (double)kvz_model_weight_bytes(m);
     /* a decoded token reads one row of an untied token embedding, not the matrix */
-    const double bytes_w = bytes_mem - (m->m_tok.data != m->m_out.data
-                                            ? (double)m->m_tok.row_bytes * (double)(m->m_tok.rows - 1) : 0.0);
+    const double tok_embd = (double)kvz_model_tok_embd_bytes(m); /* 0 when tied */
+    const double bytes_w = bytes_mem - (tok_embd - tok_embd / c->n_vocab);
     printf("model %s: %s, weights in memory %.1f MB, read per decoded token %.1f MB\n\n", model, c->name,
            bytes_mem / 1e6, bytes_w / 1e6);
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "kvz_error.h"
+#include "kvz_escape.h"
 #include "kvz_text.h"
 
 const char *cli_prog = "kvzip";
@@ -34,13 +35,12 @@ void cli_error(int rc, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    const char *detail = kvz_error_detail();
-    /* ids, paths and details may hold any bytes: one line, no terminal controls */
-    if (detail[0])
-        fprintf(stderr, "%s: error: %s: %s (%s)\n", cli_prog, cli_escape(what), cli_escape(detail),
-                kvz_strerror(rc));
-    else
-        fprintf(stderr, "%s: error: %s: %s\n", cli_prog, cli_escape(what), kvz_strerror(rc));
+    kvz_escape_error(stderr, cli_prog, rc, what);
+}
+
+void cli_error_detail(int rc)
+{
+    fprintf(stderr, "%s: error: %s (%s)\n", cli_prog, cli_escape(kvz_error_detail()), kvz_strerror(rc));
     kvz_error_clear();
 }
 
@@ -213,66 +213,6 @@ int cli_read_text(const char *path, size_t max_bytes, char **out, size_t *len)
     return kvz_text_read(path, max_bytes, out, len);
 }
 
-void cli_json_str(FILE *f, const char *s, size_t len)
-{
-    fputc('"', f);
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        switch (c) {
-        case '"': fputs("\\\"", f); break;
-        case '\\': fputs("\\\\", f); break;
-        case '\n': fputs("\\n", f); break;
-        case '\r': fputs("\\r", f); break;
-        case '\t': fputs("\\t", f); break;
-        default:
-            if (c < 0x20) fprintf(f, "\\u%04x", c);
-            else fputc(c, f);
-        }
-    }
-    fputc('"', f);
-}
+void cli_json_str(FILE *f, const char *s, size_t len) { kvz_escape_json(f, s, len); }
 
-const char *cli_escape(const char *s)
-{
-    enum { IN_MAX = 4095, OUT_CAP = IN_MAX * 6 + 8 };
-    static _Thread_local char bufs[8][OUT_CAP];
-    static _Thread_local unsigned next;
-    char *out = bufs[next++ % 8];
-    static const char hx[] = "0123456789abcdef";
-    const unsigned char *p = (const unsigned char *)(s ? s : "");
-    size_t len = strlen((const char *)p), o = 0, i = 0;
-    const size_t lim = len > IN_MAX ? IN_MAX : len;
-    while (i < lim) {
-        unsigned c = p[i];
-        if (c == '\\') { out[o++] = '\\'; out[o++] = '\\'; i++; continue; }
-        if (c == '\n' || c == '\r' || c == '\t') {
-            out[o++] = '\\';
-            out[o++] = c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
-            i++;
-            continue;
-        }
-        if (c < 0x20 || c == 0x7f) {
-            o += (size_t)sprintf(out + o, "\\x%c%c", hx[c >> 4], hx[c & 15]);
-            i++;
-            continue;
-        }
-        if (c < 0x80) { out[o++] = (char)c; i++; continue; }
-        /* one UTF-8 sequence: valid and not a C1 control -> as is; else \xHH per byte */
-        const size_t n = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-        if (n && i + n <= lim && cli_is_text((const char *)p + i, n, NULL)) {
-            if (c == 0xC2 && p[i + 1] < 0xA0) /* U+0080..U+009F: C1 controls (CSI, ...) */
-                o += (size_t)sprintf(out + o, "\\u00%c%c", hx[p[i + 1] >> 4], hx[p[i + 1] & 15]);
-            else {
-                memcpy(out + o, p + i, n);
-                o += n;
-            }
-            i += n;
-            continue;
-        }
-        o += (size_t)sprintf(out + o, "\\x%c%c", hx[c >> 4], hx[c & 15]);
-        i++;
-    }
-    if (len > lim) { memcpy(out + o, "...", 3); o += 3; }
-    out[o] = 0;
-    return out;
-}
+const char *cli_escape(const char *s) { return kvz_escape(s); }

@@ -27,6 +27,9 @@ void cli_init(const char *prog, char **argv);
 /* Print "prog: error: <what>: <detail> (<class>)" on one line, what and detail escaped
  * (cli_escape), then clear the detail. */
 void cli_error(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Print "prog: error: <detail> (<class>)" (detail escaped), the library's own one-line
+ * account of failure rc, then clear the detail. */
+void cli_error_detail(int rc);
 /* Print "prog: <msg> (see prog --help)" (msg escaped: cli_escape) and exit(EXIT_USAGE). */
 void cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /* Exit code for a library error class. */
@@ -76,14 +79,11 @@ int cli_read_text(const char *path, size_t max_bytes, char **out, size_t *len);
 /* 1 if buf is valid UTF-8 with no NUL bytes; else 0 and *bad = offset of the first bad byte. */
 int cli_is_text(const char *buf, size_t len, size_t *bad);
 
-/* s for a human-readable line: control characters (C0, DEL, C1), invalid UTF-8
- * bytes and backslashes escaped (\n \r \t \\ \xHH \u0080..\u009f), so a file
- * name cannot move the cursor, change colours or start a fake line. Returns one of
- * 8 rotating thread-local buffers (use at most 8 in one printf); over 4095 input
- * bytes it is cut and ends in "...". */
+/* s for a human-readable line: kvz_escape (common/kvz_escape.h): control characters,
+ * invalid UTF-8 and backslashes escaped; one of 8 rotating thread-local buffers. */
 const char *cli_escape(const char *s);
 
-/* Write s as a JSON string literal (with quotes). */
+/* Write s as a JSON string literal (with quotes): kvz_escape_json. */
 void cli_json_str(FILE *f, const char *s, size_t len);
 
 #endif

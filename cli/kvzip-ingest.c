@@ -10,92 +10,14 @@
 #include <unistd.h>
 
 #include "cli_util.h"
+#include "kvzip-ingest.help.h" /* cli_help: generated from cli/help/kvzip-ingest.txt */
 #include "kvz_batch.h"
 #include "kvz_error.h"
+#include "kvz_ingest_report.h"
 #include "kvz_kvrow.h"
 #include "kvz_workers.h"
 
-static void usage(void)
-{
-    printf(
-        "usage: kvzip-ingest [options] [--] DIR|FILE [DIR|FILE ...]\n"
-        "\n"
-        "Prefills each document through the model, scores every KV pair by how much the\n"
-        "model needs it to reconstruct the document (KVzip), evicts the weakest, and\n"
-        "stores the compressed cache in the store. Folders are walked recursively for\n"
-        ".txt, .md and extension-less text files (hidden entries and other extensions\n"
-        "are ignored; empty, binary or non-UTF-8 files, dangling links, FIFOs, sockets\n"
-        "and devices found there are skipped with a warning; symbolic links are\n"
-        "followed, each real folder once). A FILE named on the command line must be text\n"
-        "(a regular file): otherwise it is an error. A document already stored with the\n"
-        "same content, model and parameters is not recomputed: under its own id it is\n"
-        "'unchanged', under a new id 'linked' to the stored cache.\n"
-        "\n"
-        "Document ids are paths relative to the DIR argument, or the file name for a\n"
-        "FILE argument (or --id); at most 511 bytes. Two inputs that would get the same\n"
-        "id are an error before anything is computed (nothing is stored; see\n"
-        "--path-ids); the same file named twice is stored once. A document longer\n"
-        "than the model allows per cache (%s) is split into parts stored as\n"
-        "ID#1, ID#2, ...; query a part by that id. Each part records that it is a part\n"
-        "of ID: re-ingesting a shorter version removes only ID's own parts, never an\n"
-        "independent document named like one, and a part never overwrites another\n"
-        "document's id (that document fails instead).\n"
-        "\n"
-        "  --store DIR        store folder (default: $KVZ_STORE or ./%s)\n"
-        "  --max-map BYTES    cap on the store's LMDB map (it grows on demand up to this,\n"
-        "                     default 1 TiB); ingest stops with 'store full' beyond it\n"
-        "  --model PATH|NAME  GGUF model, or a name fetched by scripts/fetch-model\n"
-        "                     (default: $KVZ_MODEL or %s)\n"
-        "  --synthetic NAME   random-weight model of a named shape instead of --model\n"
-        "                     (smollm2-135m, llama3-8b, qwen2.5-7b, tiny-llama, tiny-qwen2,\n"
-        "                     tiny-qwen3); byte-level tokenizer, for tests and benchmarks\n"
-        "  --ratio R          fraction of context KV pairs kept, in (0, 1] (default 0.3)\n"
-        "  --mode M           global (one threshold over all heads, default) or uniform\n"
-        "  --kv-dtype T       stored K/V type: q8 (default: int8, one f16 scale per 32\n"
-        "                     values), q4 (4-bit, f16 scale + minimum per 32), f16, bf16\n"
-        "                     or f32\n"
-        "  --id ID            document id (one FILE argument only)\n"
-        "  --path-ids         ids keep where the input came from: a DIR argument's own\n"
-        "                     name leads its ids (dir1/same.txt), a FILE argument's id is\n"
-        "                     its path as given (a/x.txt); for inputs whose plain ids collide\n"
-        "  --part-tokens N    split documents longer than N tokens into parts (default and\n"
-        "                     maximum: what the model allows)\n"
-        "  --threads N        CPU threads (default: all cores)\n"
-        "  --device D         cpu, cuda (= cuda:0), cuda:K (GPU ordinal K) or auto (default)\n"
-        "  --json             print the summary as one JSON object on stdout\n"
-        "  --quiet            no progress bar and no per-document lines\n"
-        "  -h, --help         this text\n"
-        "  --                 end of options: every later argument is a DIR or FILE\n"
-        "\n"
-        "Scale-out (docs/SCALE.md):\n"
-        "  --shard I/N        ingest only shard I (0..N-1) of the corpus: the documents whose\n"
-        "                     XXH64(id) mod N is I (all parts of a document in one shard); the\n"
-        "                     N shards together hold every document once. Without it:\n"
-        "                     SLURM_ARRAY_TASK_ID with SLURM_ARRAY_TASK_COUNT or --shards N, or\n"
-        "                     JOB_COMPLETION_INDEX with --shards N, when set. The store records\n"
-        "                     the shard and the corpus listing (hash of all ids) so kvzip-store\n"
-        "                     merge can report shards of different listings. Id collisions are\n"
-        "                     checked within the shard (one id is always in one shard); a shard\n"
-        "                     whose documents are all skipped is an empty shard (exit 0)\n"
-        "  --shards N         shard count, with an index from the environment\n"
-        "  --list             print the ids this run would ingest (after --shard and the id\n"
-        "                     checks) and exit, without loading the model or reading files\n"
-        "  --workers N        N worker processes on --device, each with --threads (default\n"
-        "                     cores / N) CPU threads, documents handed out longest first to\n"
-        "                     whichever worker is free, all writing into the one store. Ids\n"
-        "                     and files are checked once, in this process (which loads the\n"
-        "                     model on the CPU to count parts only when an id looks like\n"
-        "                     another's part, X#N)\n"
-        "  --gpus all|N       one worker process per GPU (cuda:0 .. cuda:N-1), as --workers\n"
-        "\n"
-        "The summary counts ingested (computed), linked and unchanged documents (a part\n"
-        "counts as one); its KV figures cover only the caches computed in this run.\n"
-        "\n"
-        "Exit status: 0 all documents stored or unchanged; 1 some document failed, or\n"
-        "two inputs map to one id; 2 usage; 3 no usable document found; 4 model problem;\n"
-        "5 store problem (docs/ERRORS.md).\n",
-        "5,808 tokens for the default model: its context minus room for the repeat pass", KVZ_DEFAULT_STORE, KVZ_DEFAULT_MODEL);
-}
+static void usage(void) { fputs(cli_help, stdout); } /* cli/help/kvzip-ingest.txt */
 
 static _Noreturn void oom(void)
 {
@@ -109,97 +31,30 @@ static int g_bar, g_lines; /* progress bar on stderr (a tty); one line per part 
 static void on_corpus(void *user, const kvz_corpus_event *e)
 {
     (void)user;
-    const char *p = cli_escape(e->path);
-    char pa[64] = "", pb[64] = "";
-    switch (e->what) {
-    case KVZ_CORPUS_SKIPPED:
-        fprintf(stderr, "kvzip-ingest: warning: skipping %s: %s\n", p, cli_escape(e->detail));
-        break;
-    case KVZ_CORPUS_DIR_UNREADABLE:
-        fprintf(stderr, "kvzip-ingest: warning: cannot read folder %s: %s\n", p, e->detail);
-        break;
-    case KVZ_CORPUS_DIR_WALKED:
-        fprintf(stderr, "kvzip-ingest: warning: skipping %s: folder already walked (a symbolic link to "
-                "it or to an ancestor)\n", p);
-        break;
-    case KVZ_CORPUS_MISSING: fprintf(stderr, "kvzip-ingest: error: %s: %s\n", p, e->detail); break;
-    case KVZ_CORPUS_ID_LENGTH:
-        fprintf(stderr, "kvzip-ingest: error: %s: document id of %zu bytes is outside 1..%d bytes (ingest "
-                "the FILE alone with a shorter --id)\n", p, strlen(e->id), KVZ_STORE_DOC_ID_MAX);
-        break;
-    case KVZ_CORPUS_COLLISION:
-        if (e->n_parts > 1) snprintf(pa, sizeof pa, " (part %d of %d)", e->part, e->n_parts);
-        if (e->n_parts2 > 1) snprintf(pb, sizeof pb, " (part %d of %d)", e->part2, e->n_parts2);
-        fprintf(stderr, "kvzip-ingest: error: %s%s and %s%s would both be stored as '%s'; nothing stored "
-                "(use --path-ids, ingest them separately, or name one FILE with --id)\n", p, pa,
-                cli_escape(e->path2), pb, cli_escape(e->id));
-        break;
-    case KVZ_CORPUS_UNREADABLE: cli_error(e->rc, "cannot read %s", e->path); break;
-    case KVZ_CORPUS_UNTOKENIZED: cli_error(e->rc, "cannot tokenize %s", e->path); break;
-    case KVZ_CORPUS_NO_PARTS: cli_error(e->rc, "%s", e->path); break;
-    }
+    kvz_ingest_report_corpus_event(stderr, cli_prog, e);
 }
 
 static void on_batch(void *user, const kvz_batch_event *e)
 {
     (void)user;
-    if (e->what == KVZ_BATCH_NOT_STARTED) {
-        cli_error(e->rc, "cannot start the ingest pipeline");
-        return;
-    }
-    if (e->what == KVZ_BATCH_PART || e->what == KVZ_BATCH_NOT_TRIED) {
-        if (g_bar) fprintf(stderr, "\r\033[K");
-        if (e->what == KVZ_BATCH_NOT_TRIED) return; /* the store's error was printed once */
-    }
-    if (e->rc) cli_error(e->rc, "%s", e->id); /* a part, or a document before or after its parts */
-    else if (g_lines)
-        fprintf(stderr, "%-10s %s  %d tokens  %.1f s\n", e->status, cli_escape(e->id), e->res->n_ctx,
-                e->res->seconds);
+    if (g_bar && (e->what == KVZ_BATCH_PART || e->what == KVZ_BATCH_NOT_TRIED)) fprintf(stderr, "\r\033[K");
+    if (e->rc || g_lines) kvz_ingest_report_batch_event(stderr, cli_prog, e);
 }
 
 static void on_progress(void *user, const char *id, int64_t cur, int64_t total, double el)
 {
     (void)user;
     if (!g_bar) return;
-    char name[64], bar[31];
-    snprintf(name, sizeof name, "%s", cli_escape(id));
-    const double rate = el > 0 ? cur / el : 0;
-    const double frac = total ? (double)cur / (double)total : 0, eta = rate > 0 ? (total - cur) / rate : 0;
-    for (int i = 0, fill = (int)(frac * 30); i < 30; i++) bar[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
-    bar[30] = 0;
-    fprintf(stderr, "\r[%s] %3.0f%% %lld/%lld tok  %.0f tok/s  ETA %d:%02d  %-32.32s", bar, frac * 100,
-            (long long)cur, (long long)total, rate, (int)eta / 60, (int)eta % 60, name);
+    kvz_ingest_report_progress(stderr, id, cur, total, el);
     fflush(stderr);
 }
 
 static void print_summary(const char *store_path, size_t n_docs, const kvz_batch_stats *s, int failed,
                           int skipped, float ratio, int json, int quiet)
 {
-    if (json) {
-        printf("{\"store\": ");
-        cli_json_str(stdout, store_path, strlen(store_path));
-        printf(", \"documents\": %zu, \"parts\": %d, \"ingested\": %d, \"unchanged\": %d, "
-               "\"linked\": %d, \"failed\": %d, \"skipped\": %d, \"tokens\": %lld, "
-               "\"tokens_ingested\": %lld, \"ratio\": %.4f, "
-               "\"pairs_total\": %lld, \"pairs_kept\": %lld, \"bytes_kv_full\": %llu, "
-               "\"bytes_kv_kept\": %llu, \"bytes_stored\": %llu, \"seconds\": %.3f}\n",
-               n_docs, s->parts, s->written, s->unchanged, s->linked, failed, skipped,
-               (long long)s->tokens, (long long)s->tokens_written, ratio, (long long)s->pairs_total,
-               (long long)s->pairs_kept, (unsigned long long)s->bytes_full,
-               (unsigned long long)s->bytes_kept, (unsigned long long)s->bytes_stored, s->seconds);
-    } else if (!quiet) {
-        char kv[256] = "";
-        if (s->written && s->bytes_full && s->bytes_stored && s->pairs_total)
-            snprintf(kv, sizeof kv, " | ingested KV: full %.2f MB, kept %.2f MB (%.0f%% of the "
-                     "context pairs, %.0f%% of the bytes with the prefix), stored %.2f MB (zstd "
-                     "%.2fx)", s->bytes_full / 1e6, s->bytes_kept / 1e6,
-                     100.0 * (double)s->pairs_kept / (double)s->pairs_total,
-                     100.0 * (double)s->bytes_kept / (double)s->bytes_full, s->bytes_stored / 1e6,
-                     (double)s->bytes_kept / (double)s->bytes_stored);
-        fprintf(stderr, "kvzip-ingest: %d ingested, %d linked, %d unchanged, %d failed, %d skipped "
-                "| %lld tokens in %.1f s%s\n", s->written, s->linked, s->unchanged, failed,
-                skipped, (long long)s->tokens, s->seconds, kv);
-    }
+    if (json || !quiet)
+        kvz_ingest_report_summary(json ? stdout : stderr, cli_prog, store_path, n_docs, s, failed, skipped,
+                                  ratio, json);
 }
 
 /* ---- options ---- */
@@ -291,22 +146,6 @@ static int resolve_gpus(ingest_args *a)
     return 0;
 }
 
-/* --list: the ids this run would ingest, one a line or one JSON object. */
-static void list_docs(const kvz_corpus *c, const kvz_shard *sh, uint64_t corpus, size_t n_corpus, int json)
-{
-    if (json)
-        printf("{\"shard\": \"%u/%u\", \"corpus\": \"%016llx\", \"corpus_documents\": %zu, \"documents\": [",
-               sh->n ? sh->index : 0, sh->n ? sh->n : 1, (unsigned long long)corpus, n_corpus);
-    for (size_t i = 0, first = 1; i < c->n; i++) {
-        if (c->v[i].dropped) continue;
-        if (!json) { printf("%s\n", cli_escape(c->v[i].id)); continue; }
-        printf("%s", first ? "" : ", ");
-        cli_json_str(stdout, c->v[i].id, strlen(c->v[i].id));
-        first = 0;
-    }
-    if (json) printf("]}\n");
-}
-
 /* ---- steps 3 and 4: in this process, in the parent of workers, in a worker ---- */
 static kvz_model *load_model(const ingest_args *a, int32_t device, int *ex)
 {
@@ -386,8 +225,8 @@ static int run_worker(kvz_claims *claims, const ingest_args *a)
 static void on_worker_line(void *user, int w, const char *dev, const char *line, uint64_t claimed, size_t n)
 {
     const ingest_args *a = user;
-    if (a->quiet && !strstr(line, "error") && !strstr(line, "warning")) return;
-    fprintf(stderr, "[w%d %s] %s  (%llu/%zu handed out)\n", w, dev, line, (unsigned long long)claimed, n);
+    if (!a->quiet || strstr(line, "error") || strstr(line, "warning"))
+        kvz_ingest_report_worker_line(stderr, w, dev, line, claimed, n);
 }
 
 /* Parent of --workers / --gpus: the usable documents (read in step 2, so unusable files
@@ -415,49 +254,18 @@ static int run_workers(const kvz_corpus *c, int argc, char **argv, ingest_args *
     const int per = a->threads > 0 ? (int)a->threads : (int)(ncpu / nw > 0 ? ncpu / nw : 1);
     size_t n = 0;
     for (size_t i = 0; i < c->n; i++) n += (size_t)c->v[i].usable;
-    char last[16];
-    snprintf(last, sizeof last, "%d", nw - 1);
     if (!a->quiet && !a->json)
-        fprintf(stderr, "kvzip-ingest: %zu documents, longest first, to %d worker%s (%s%s, %d thread%s each)\n",
-                n, nw, nw == 1 ? "" : "s", a->gpus ? "one per GPU: cuda:0.." : "device ",
-                a->gpus ? last : a->device_str, per, per == 1 ? "" : "s");
+        kvz_ingest_report_workers_start(stderr, cli_prog, n, nw, a->gpus != NULL, a->device_str, per);
     const kvz_workers_opts o = {nw, a->gpus != NULL, a->device_str, per, "/proc/self/exe", av, on_worker_line, a};
     kvz_workers_result r;
     const int rc = kvz_workers_run(c, &o, &r);
     if (!r.per) oom();
-    for (int w = 0; !rc && n && w < nw; w++) {
-        const kvz_workers_one *p = &r.per[w];
-        if (p->w.exit_code < 0)
-            fprintf(stderr, "kvzip-ingest: error: worker %d (%s) was killed by signal %d after taking %llu "
-                    "documents; rerun to finish them (stored documents are skipped)\n", w, p->device,
-                    p->w.signal, (unsigned long long)p->w.claimed);
-        else if (p->w.exit_code && !p->summarized)
-            fprintf(stderr, "kvzip-ingest: error: worker %d (%s) exited with status %d before ingesting\n", w,
-                    p->device, p->w.exit_code);
-    }
+    if (!rc && n) kvz_ingest_report_workers_lost(stderr, cli_prog, &r, nw);
     if (rc) cli_error(rc, "cannot start the workers");
     const int failed = c->failed + (int)r.failed, skipped = c->skipped + (int)r.skipped;
-    if (a->json) {
-        printf("{\"store\": ");
-        cli_json_str(stdout, store_path, strlen(store_path));
-        printf(", \"workers\": %d, \"documents\": %zu, \"parts\": %lld, \"ingested\": %lld, \"unchanged\": %lld, "
-               "\"linked\": %lld, \"failed\": %d, \"skipped\": %d, \"tokens\": %lld, \"bytes_stored\": %llu, "
-               "\"worker_errors\": %d, \"seconds\": %.3f, \"per_worker\": [",
-               nw, n, (long long)r.parts, (long long)r.ingested, (long long)r.unchanged, (long long)r.linked,
-               failed, skipped, (long long)r.tokens, (unsigned long long)r.bytes_stored, r.bad_workers, r.seconds);
-        for (int w = 0; w < nw; w++)
-            printf("%s{\"device\": \"%s\", \"documents\": %llu, \"exit\": %d}", w ? ", " : "", r.per[w].device,
-                   (unsigned long long)r.per[w].w.claimed, r.per[w].w.exit_code);
-        printf("]}\n");
-    } else if (!a->quiet) {
-        fprintf(stderr, "kvzip-ingest: %d workers: %lld ingested, %lld linked, %lld unchanged, %d failed, "
-                "%d skipped | %lld tokens in %.1f s (%.0f tok/s) | stored %.2f MB\n", nw, (long long)r.ingested,
-                (long long)r.linked, (long long)r.unchanged, failed, skipped, (long long)r.tokens, r.seconds,
-                r.seconds > 0 ? r.tokens / r.seconds : 0, r.bytes_stored / 1e6);
-        for (int w = 0; w < nw; w++)
-            fprintf(stderr, "  worker %d (%s): %llu document%s\n", w, r.per[w].device,
-                    (unsigned long long)r.per[w].w.claimed, r.per[w].w.claimed == 1 ? "" : "s");
-    }
+    if (a->json || !a->quiet)
+        kvz_ingest_report_workers_summary(a->json ? stdout : stderr, cli_prog, store_path, &r, nw, n, failed,
+                                          skipped, a->json);
     const int bad = rc || failed || r.bad_workers;
     kvz_workers_result_free(&r);
     free(av);
@@ -516,24 +324,20 @@ int main(int argc, char **argv)
     size_t n_corpus = 0;
     if (kvz_corpus_shard(&c, &shard, &corpus_hash, &n_corpus)) oom();
     if (shard.n && !a.json && (!a.quiet || a.list_only))
-        fprintf(stderr, "kvzip-ingest: shard %u/%u (from %s): %zu of %zu documents (corpus listing %016llx)\n",
-                shard.index, shard.n, shard.source, c.n, n_corpus, (unsigned long long)corpus_hash);
+        kvz_ingest_report_shard(stderr, cli_prog, &shard, c.n, n_corpus, corpus_hash);
     /* 1. ids (an id is in one shard: checking the shard's share finds every collision once) */
     const int bad = kvz_corpus_check_ids(&c);
     if (bad < 0) oom();
     ex = bad ? EXIT_FAIL : -1;
     if (!bad && a.list_only) {
-        list_docs(&c, &shard, corpus_hash, n_corpus, a.json);
+        kvz_ingest_report_list(stdout, &c, &shard, corpus_hash, n_corpus, a.json);
         ex = c.failed ? EXIT_FAIL : 0;
     }
     if (ex < 0 && shard.n) {
         const char *path = cli_store_path(a.store);
         char old[128];
         const int rc = kvz_workers_mark_store(path, &shard, corpus_hash, n_corpus, old);
-        if (old[0])
-            fprintf(stderr, "kvzip-ingest: warning: %s was filled from corpus listing %s before, this run's "
-                    "listing is %016llx %zu: the corpus changed; re-run every shard before merging\n",
-                    cli_escape(path), cli_escape(old), (unsigned long long)corpus_hash, n_corpus);
+        if (old[0]) kvz_ingest_report_listing_changed(stderr, cli_prog, path, old, corpus_hash, n_corpus);
         if (rc) {
             cli_error(rc, "cannot record the shard in store %s", path);
             ex = cli_store_exit(rc);
@@ -545,14 +349,7 @@ int main(int argc, char **argv)
     if (ex < 0 && n_usable == 0) { /* no store is created or opened for nothing */
         ex = c.failed ? EXIT_FAIL : shard.n ? 0 : EXIT_INPUT;
         /* a shard whose share is empty or all skipped is an empty shard, not an error */
-        if (!c.failed && shard.n && c.skipped && !a.quiet && !a.json)
-            fprintf(stderr, "kvzip-ingest: shard %u/%u: no usable document (%d skipped)\n", shard.index,
-                    shard.n, c.skipped);
-        else if (!c.failed && !shard.n && c.skipped)
-            fprintf(stderr, "kvzip-ingest: error: no usable document: %d file%s skipped\n", c.skipped,
-                    c.skipped == 1 ? "" : "s");
-        else if (!c.failed && !shard.n)
-            fprintf(stderr, "kvzip-ingest: error: no .txt, .md or extension-less documents found\n");
+        kvz_ingest_report_no_usable(stderr, cli_prog, &c, &shard, !a.quiet && !a.json);
     }
     /* 3. and 4. here, or in worker processes */
     if (ex < 0 && a.workers == 0) ex = ingest_local(&c, &a);

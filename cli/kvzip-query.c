@@ -9,63 +9,11 @@
 #include <jansson.h>
 
 #include "cli_util.h"
+#include "kvzip-query.help.h" /* cli_help: generated from cli/help/kvzip-query.txt */
 #include "kvz_error.h"
 #include "kvzip.h"
 
-static void usage(void)
-{
-    printf(
-        "usage: kvzip-query (--doc ID [--doc ID ...] | --text FILE) [options] [--] QUESTION ...\n"
-        "\n"
-        "Answers each QUESTION about a document. The document's KV cache is built once\n"
-        "and every question is answered against that same cache.\n"
-        "\n"
-        "Document:\n"
-        "  --doc ID           load document ID's compressed cache from the store\n"
-        "                     (see kvzip-ingest; list ids with kvzip-store ls). A document\n"
-        "                     stored in parts (ID#1, ID#2, ...) means all parts in order;\n"
-        "                     ID#N is one part. Give --doc several times to ask over several\n"
-        "                     documents composed into one context (system prefix once).\n"
-        "  --placement P      several documents or parts: sequential (each after the one\n"
-        "                     before, keys re-rotated), parallel (each at its own positions\n"
-        "                     after the prefix) or auto (default: sequential when the total\n"
-        "                     fits the model's context, else parallel); docs/MULTIDOC.md\n"
-        "  --key-scale S      experimental: multiply composed document keys by S (an APE-style\n"
-        "                     attention temperature; default 1 = off)\n"
-        "  --store DIR        store folder (default: $KVZ_STORE or ./%s)\n"
-        "  --text FILE        instead: prefill FILE (UTF-8 text) into a full, uncompressed cache\n"
-        "\n"
-        "Model and device:\n"
-        "  --model PATH|NAME  GGUF model, or a name fetched by scripts/fetch-model\n"
-        "                     (default: $KVZ_MODEL or %s)\n"
-        "  --synthetic NAME   random-weight model of a named shape instead of --model\n"
-        "                     (smollm2-135m, llama3-8b, qwen2.5-7b, tiny-llama, tiny-qwen2,\n"
-        "                     tiny-qwen3); byte-level tokenizer, for tests and benchmarks\n"
-        "  --threads N        CPU threads (default: all cores)\n"
-        "  --device D         cpu, cuda or auto (default: auto = cuda when a GPU is usable)\n"
-        "\n"
-        "Decoding:\n"
-        "  --max-tokens N     stop after N answer tokens (default 256)\n"
-        "  --temperature T    0 = greedy (default); > 0 samples\n"
-        "  --top-p P          nucleus sampling mass (default 1 = off)\n"
-        "  --seed N           sampling seed (default 1)\n"
-        "  --budget B         LongFlow output cache: question and answer tokens live in B\n"
-        "                     slots per layer; once full, each new token overwrites the slot\n"
-        "                     contributing least to attention (default 1024; 0 = unbounded).\n"
-        "                     The question (plus the chat postfix) must fit in B - 8 slots.\n"
-        "\n"
-        "Output:\n"
-        "  --json             one JSON object per question: answer, token counts, timings and\n"
-        "                     every --stats figure (KV held, output-buffer slots, evictions, load time)\n"
-        "  --stats            timings and KV-cache figures on stderr\n"
-        "  -h, --help         this text\n"
-        "  --                 end of options: every later argument is a QUESTION\n"
-        "\n"
-        "Exit status: 0 ok, 2 usage, 3 bad input document or too long, 4 model problem,\n"
-        "5 store problem (corrupt blob, other model), 6 document or file not found,\n"
-        "1 other errors (docs/ERRORS.md).\n",
-        KVZ_DEFAULT_STORE, KVZ_DEFAULT_MODEL);
-}
+static void usage(void) { fputs(cli_help, stdout); } /* cli/help/kvzip-query.txt */
 
 static int on_piece(void *user, const char *piece, size_t len, int32_t token)
 {

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "cli_util.h"
+#include "kvzip-store.help.h" /* cli_help: generated from cli/help/kvzip-store.txt */
 #include "kvz_error.h"
 #include "kvz_store.h"
 #include "kvz_store_admin.h"
@@ -17,79 +18,8 @@
 #include "kvz_store_report.h"
 
 #define E cli_escape
-#define R kvz_store_ratio
 
-static void usage(void)
-{
-    printf(
-        "usage: kvzip-store [--store DIR] [--json] COMMAND [ARG] [--] [ID]\n"
-        "\n"
-        "Commands:\n"
-        "  ls              one line per document: id, tokens, kept ratio, stored bytes,\n"
-        "                  compression (full KV cache / stored bytes), ingest date (UTC)\n"
-        "  show ID         everything about one document: doc entry, blob dims, dtype,\n"
-        "                  eviction parameters, kept pairs per layer and head, record sizes\n"
-        "  rm ID           remove a document; its blob goes too when no other id names it\n"
-        "  verify          check every record (checksums, decode META with the store's\n"
-        "                  model fingerprint, decode every layer), every name -> blob link\n"
-        "                  and every refcount; prints one line per problem on stderr\n"
-        "  gc [--compact]  drop blobs that no document names and records without a blob\n"
-        "                  entry (one transaction). With --compact, also rewrite the store\n"
-        "                  into a compacted copy (free pages dropped, file shrinks) and swap\n"
-        "                  it in atomically. Run --compact when no kvzip-ingest or other\n"
-        "                  writer is running: writers are held off during the copy, and a\n"
-        "                  writer that had the store open before fails afterwards with\n"
-        "                  'reopen it' instead of writing, but do not rely on that.\n"
-        "                  Needs free disk space about the size of the data in use.\n"
-        "  stats           totals: documents, blobs, records, tokens, KV bytes (full,\n"
-        "                  kept, stored), compression, map and file size, last txn id\n"
-        "  salvage DST     copy every document that still reads back intact (entry,\n"
-        "                  META and every layer decode) into a new store in folder DST;\n"
-        "                  prints one line per document it could not copy. Works on a\n"
-        "                  damaged store (a data.mdb cut short or with damaged pages);\n"
-        "                  the store itself is only read. Exit 0 when nothing was lost\n"
-        "                  and 5 when something was\n"
-        "  merge SRC... --into DST [--prefer newest] [--allow-mixed-corpus] [--quiet]\n"
-        "                  copy every document of the SRC stores into DST (created when\n"
-        "                  missing), one transaction per document: a blob is fully decoded\n"
-        "                  first and skipped (reported, exit 1) when it does not verify; a\n"
-        "                  content hash DST already has is linked, not copied. An id with\n"
-        "                  different content in two sources is a conflict: merge lists the\n"
-        "                  conflicts and writes nothing (exit 1), unless --prefer newest\n"
-        "                  (the newest ingest wins). Sources made from different corpus\n"
-        "                  listings (recorded by kvzip-ingest --shard) are refused the same\n"
-        "                  way unless --allow-mixed-corpus. Refuses stores of another model\n"
-        "                  (exit 4) and DST among the sources (exit 2). Rerun after an\n"
-        "                  interruption to finish (one transaction per document);\n"
-        "                  a repeated merge writes nothing.\n"
-        "  snapshot DIR    consistent compacted copy of the store (LMDB copy with\n"
-        "                  compaction, of one read snapshot) into DIR, which must not exist\n"
-        "                  or be empty (exit 1 otherwise); safe while kvzip-ingest writes.\n"
-        "                  Ship DIR to query hosts and open it there read-only.\n"
-        "\n"
-        "Options:\n"
-        "  --store DIR     store folder (default: $KVZ_STORE or ./%s)\n"
-        "  --json          machine-readable output: one JSON object on stdout\n"
-        "  -h, --help      this text\n"
-        "  --              end of options: an id that begins with '-' (rm -- -x.txt)\n"
-        "\n"
-        "Ids and messages are printed with control characters escaped (\\n, \\r, \\t,\n"
-        "\\\\, \\xHH, \\u00HH for C1 codes), so a file name cannot drive the terminal or\n"
-        "fake an ls row; --json escapes them as JSON does.\n"
-        "\n"
-        "A damaged store (truncated data.mdb, damaged pages) is refused with 'store\n"
-        "damaged: ...' and exit 5 by every command except salvage; docs/ERRORS.md says\n"
-        "how to recover.\n"
-        "\n"
-        "Readers (ls, show, verify, stats) see a consistent snapshot and may run while\n"
-        "kvzip-ingest writes. rm and gc wait for a running writer to finish.\n"
-        "\n"
-        "Exit status: 0 ok; 2 usage; 5 store problem (verify found problems, damaged,\n"
-        "corrupt or unreadable store, store full, salvage lost documents); 6 store or\n"
-        "document not found; 1 other errors\n"
-        "(docs/ERRORS.md).\n",
-        KVZ_DEFAULT_STORE);
-}
+static void usage(void) { fputs(cli_help, stdout); } /* cli/help/kvzip-store.txt */
 
 static int json, compact;
 
@@ -117,34 +47,14 @@ static int store_exit(int rc)
 /* "no document" for @p id, with a hint when it was stored in parts (ID#1, ID#2, ...). */
 static int no_doc(kvz_store *s, const char *path, const char *id)
 {
-    const uint32_t n = kvz_store_count_parts(s, id);
-    fprintf(stderr, "kvzip-store: error: no document '%s' in %s", E(id), E(path));
-    if (!n) fputs(" (list them with kvzip-store ls)\n", stderr);
-    else if (n == 1) fprintf(stderr, ": it was stored in parts: '%s#1' (kvzip-store ls lists them)\n", E(id));
-    else fprintf(stderr, ": it was stored in parts: '%s#1'..'%s#%u' (kvzip-store ls lists them)\n", E(id), E(id), n);
+    kvz_store_report_print_no_doc(stderr, cli_prog, path, id, kvz_store_count_parts(s, id));
     return EXIT_NOTFOUND;
-}
-
-static const char *B(uint64_t b) /* bytes for a text line; 8 rotating buffers */
-{
-    static char bufs[8][32];
-    static unsigned next;
-    char *out = bufs[next++ % 8];
-    if (b < 10000) snprintf(out, 32, "%" PRIu64 " B", b);
-    else if (b < 10000000) snprintf(out, 32, "%.1f kB", b / 1e3);
-    else if (b < 10000000000ull) snprintf(out, 32, "%.1f MB", b / 1e6);
-    else snprintf(out, 32, "%.2f GB", b / 1e9);
-    return out;
 }
 
 static int ls_cb(void *u, const char *id, const kvz_store_doc_info *in)
 {
     int *n = u;
-    char date[32];
-    kvz_store_fmt_date(in->ingest_time, date);
-    if (!json)
-        printf("%-40s %8" PRIu64 " %6.3f %10s %7.2fx  %s\n", E(id), in->n_tokens, in->ratio,
-               B(in->bytes_stored), R(in->bytes_kv_full, in->bytes_stored), date);
+    if (!json) kvz_store_report_print_ls_row(stdout, id, in);
     else if (fputs(*n ? ",\n    " : "\n    ", stdout), dump(kvz_report_doc(id, in), ""))
         return 1; /* ends the walk */
     (*n)++;
@@ -155,7 +65,7 @@ static int cmd_ls(kvz_store *s, const char *path, const char *arg)
 {
     int n = 0, rc;
     (void)arg;
-    if (!json) printf("%-40s %8s %6s %10s %8s  %s\n", "ID", "TOKENS", "RATIO", "STORED", "COMPR", "DATE (UTC)");
+    if (!json) kvz_store_report_print_ls_header(stdout);
     else if (fputs("{\"store\": ", stdout), dump(kvz_report_text(path), ", \"docs\": [")) return EXIT_FAIL;
     rc = kvz_store_list(s, ls_cb, &n);
     if (json) printf("%s]}\n", n ? "\n  " : "");
@@ -167,8 +77,6 @@ static int cmd_show(kvz_store *s, const char *path, const char *id)
     kvz_store_doc_detail *d = malloc(sizeof *d);
     if (!d) return FAIL(KVZ_ERR_NOMEM, "show");
     int rc = kvz_store_doc_detail_get(s, id, d), ex = EXIT_OK;
-    const kvz_store_doc_info *in = &d->info;
-    const kvz_blob_meta *m = &d->meta;
     if (rc == KVZ_ERR_NOTFOUND && d->failed == KVZ_DETAIL_DOC) ex = no_doc(s, path, id);
     else if (rc && d->failed == KVZ_DETAIL_READ) ex = FAIL(rc, "cannot read %s", path);
     else if (rc && d->failed == KVZ_DETAIL_DOC) ex = FAIL(rc, "cannot read document '%s'", id);
@@ -176,37 +84,7 @@ static int cmd_show(kvz_store *s, const char *path, const char *id)
     else if (rc && d->failed == KVZ_DETAIL_LAYER) ex = FAIL(rc, "document '%s': layer %u record", id, d->failed_layer);
     else if (rc) ex = FAIL(rc, "show");
     else if (json) ex = dump(kvz_report_doc_detail(id, d), "\n");
-    else {
-        char hx[33], fp[33], date[32];
-        kvz_store_hex16(in->hash, hx);
-        kvz_store_hex16(m->fingerprint, fp);
-        kvz_store_fmt_date(in->ingest_time, date);
-        printf("document     %s\nsource       %s\nhash         %s\ningested     %s UTC\n", E(id),
-               in->source_path[0] ? E(in->source_path) : "-", hx, date);
-        printf("tokens       %" PRIu64 " (%u system prefix + %u context)\n", in->n_tokens, m->n_prefix, m->n_context);
-        printf("KV bytes     full %s, kept %s, stored %s in %u records\n", B(in->bytes_kv_full),
-               B(in->bytes_kv_kept), B(in->bytes_stored), in->n_records);
-        printf("compression  %.2fx overall (eviction %.2fx, zstd %.2fx)\nmodel        %s\n",
-               R(in->bytes_kv_full, in->bytes_stored), R(in->bytes_kv_full, in->bytes_kv_kept),
-               R(in->bytes_kv_kept, in->bytes_stored), fp);
-        printf("dims         %u layers, %u query heads, %u KV heads, head_dim %u, %s\n", m->n_layer,
-               m->n_head, m->n_kv_head, m->head_dim, kvz_store_dtype_name(m->dtype));
-        printf("eviction     %s, ratio %.3f, chunk %u, overlap %u, prefix %s\n", kvz_store_mode_name(m->mode),
-               m->ratio, m->chunk, m->overlap, m->prefix_policy == KVZ_PREFIX_KEEP ? "kept"
-               : m->prefix_policy == KVZ_PREFIX_SHARED ? "shared (one copy per store)" : "not stored");
-        printf("kept pairs   %" PRIu64 " (context %" PRIu64 " of %" PRIu64 " = %.3f); per head %u..%u\n",
-               d->pairs_kept, d->context_pairs_kept, d->context_pairs,
-               R(d->context_pairs_kept, d->context_pairs), d->kept_min, d->kept_max);
-        printf("records      META %" PRIu64 " B; layers raw %s -> %s (zstd %.2fx)\n", d->meta_bytes,
-               B(d->bytes_raw), B(d->bytes_records), R(d->bytes_raw, d->bytes_records - d->meta_bytes));
-        printf("\n%5s %8s %10s %10s  %s\n", "LAYER", "KEPT", "RAW", "RECORD", "PER KV HEAD");
-        for (uint32_t l = 0, H = m->n_kv_head; l < m->n_layer; l++) {
-            printf("%5u %8" PRIu64 " %10" PRIu64 " %10" PRIu64 "  ", l, kvz_blob_layer_kept(m, l),
-                   d->raw_bytes[l], d->rec_bytes[l]);
-            for (uint32_t h = 0; h < H && h < 16; h++) printf("%s%u", h ? " " : "", m->counts[l * H + h]);
-            printf("%s\n", H > 16 ? " ..." : "");
-        }
-    }
+    else kvz_store_report_print_doc_detail(stdout, id, d);
     kvz_store_doc_detail_free(d);
     free(d);
     return ex;
@@ -225,7 +103,7 @@ static int cmd_rm(kvz_store *s, const char *path, const char *id)
 static int on_problem(void *u, int err, const char *msg)
 {
     (void)u;
-    fprintf(stderr, "kvzip-store: verify: %s (%s)\n", E(msg), kvz_strerror(err));
+    kvz_store_report_print_problem(stderr, cli_prog, err, msg);
     return 0;
 }
 
@@ -237,9 +115,7 @@ static int cmd_verify(kvz_store *s, const char *path, const char *arg)
     (void)arg;
     if (rc) return FAIL(rc, "cannot verify %s", path);
     if (json && dump(kvz_report_verify(&vr, (double)(clock() - t0) / CLOCKS_PER_SEC), "\n")) return EXIT_FAIL;
-    if (!json)
-        printf("%s: %" PRIu64 " documents, %" PRIu64 " blobs, %" PRIu64 " records decoded: %s\n",
-               E(path), vr.n_docs, vr.n_blobs, vr.n_records, vr.n_problems ? "PROBLEMS" : "ok");
+    if (!json) kvz_store_report_print_verify(stdout, path, &vr);
     if (!vr.n_problems) return EXIT_OK;
     fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " problem%s found\n", E(path), vr.n_problems,
             vr.n_problems == 1 ? "" : "s");
@@ -249,24 +125,18 @@ static int cmd_verify(kvz_store *s, const char *path, const char *arg)
 static int cmd_gc(kvz_store *s, const char *path, const char *arg)
 {
     kvz_store_gc_compact_result r;
-    const kvz_store_gc_result *g = &r.gc;
     int rc = kvz_store_gc_compact(s, compact, &r);
     (void)arg;
     if (rc) return r.gc_done ? FAIL(rc, "compacting %s failed (store unchanged)", path) : FAIL(rc, "gc of %s failed", path);
     if (json) return dump(kvz_report_gc(&r), "\n");
-    printf("gc: dropped %" PRIu64 " unreferenced blobs and %" PRIu64 " orphan records (%" PRIu64
-           " records, %s); fixed %" PRIu64 " refcounts; dropped %" PRIu64 " unreferenced shared "
-           "prefixes\n", g->blobs_dropped, g->orphan_records, g->records_dropped, B(g->bytes_dropped),
-           g->refs_fixed, g->prefixes_dropped);
-    if (compact) printf("compact: data.mdb %s -> %s\n", B(r.file_bytes_before), B(r.file_bytes_after));
+    kvz_store_report_print_gc(stdout, &r);
     return EXIT_OK;
 }
 
 static int on_lost(void *u, const char *id, int err, const char *msg)
 {
     (void)u;
-    if (id) fprintf(stderr, "kvzip-store: salvage: lost '%s': %s (%s)\n", E(id), E(msg), kvz_strerror(err));
-    else fprintf(stderr, "kvzip-store: salvage: %s (%s)\n", E(msg), kvz_strerror(err));
+    kvz_store_report_print_lost(stderr, cli_prog, id, err, msg);
     return 0;
 }
 
@@ -276,65 +146,39 @@ static int cmd_salvage(kvz_store *s, const char *path, const char *dst)
     int rc = kvz_store_salvage(s, dst, on_lost, NULL, &r);
     if (rc) return FAIL(rc, "salvage of %s into %s failed", path, dst);
     if (json && dump(kvz_report_salvage(path, dst, &r), "\n")) return EXIT_FAIL;
-    if (!json)
-        printf("salvage: %" PRIu64 " of %" PRIu64 " documents copied from %s to %s; %" PRIu64 " lost%s\n",
-               r.n_copied, r.n_docs, E(path), E(dst), r.n_lost,
-               r.n_gaps ? ", and parts of the doc index could not be read (ids unknown)" : "");
+    if (!json) kvz_store_report_print_salvage(stdout, path, dst, &r);
     if (!r.n_lost && !r.n_gaps) return EXIT_OK;
-    fprintf(stderr, "kvzip-store: error: %s: %" PRIu64 " document%s lost%s", E(path), r.n_lost,
-            r.n_lost == 1 ? "" : "s", r.n_gaps ? " and unreadable stretches of the doc index" : "");
-    if (r.n_copied) fprintf(stderr, " (the rest is in %s)\n", E(dst));
-    else fprintf(stderr, "; nothing could be copied, so %s was not created\n", E(dst)); /* e.g. a damaged shared prefix */
+    kvz_store_report_print_salvage_loss(stderr, cli_prog, path, dst, &r);
     return EXIT_STORE;
 }
 
 static int cmd_stats(kvz_store *s, const char *path, const char *arg)
 {
     kvz_store_summary t;
-    const kvz_store_stats *st = &t.st;
-    char fp[33] = "(none yet)";
     int rc = kvz_store_summary_get(s, path, &t);
     (void)arg;
     if (rc) return FAIL(rc, "cannot read %s", path);
     if (json) return dump(kvz_report_summary(path, &t), "\n");
-    if (st->has_model) kvz_store_hex16(st->model_fp, fp);
-    printf("store        %s\nmodel        %s\n", E(path), fp);
-    printf("documents    %" PRIu64 " (%" PRIu64 " tokens)\n", st->n_docs, t.tokens);
-    printf("blobs        %" PRIu64 " (%" PRIu64 " records, %s)\n", st->n_blobs, st->n_records, B(st->bytes_records));
-    printf("KV bytes     full %s, kept %s, stored %s\n", B(t.bytes_kv_full), B(t.bytes_kv_kept), B(st->bytes_records));
-    printf("compression  %.2fx overall (eviction %.2fx, zstd %.2fx; per document, before sharing)\n",
-           R(t.bytes_kv_full, t.bytes_stored_docs), R(t.bytes_kv_full, t.bytes_kv_kept),
-           R(t.bytes_kv_kept, t.bytes_stored_docs));
-    printf("map          %s in use of %s mapped; data.mdb %s; page %u B\nlast txn     %" PRIu64 "\n",
-           B(st->map_used), B(st->map_size), B(t.file_bytes), st->page_size, st->last_txnid);
+    kvz_store_report_print_summary(stdout, path, &t);
     return EXIT_OK;
 }
 
 static int cmd_snapshot(kvz_store *s, const char *path, const char *dir)
 {
     int rc = kvz_store_snapshot(s, dir);
-    if (rc == KVZ_ERR_ARG) {
-        fprintf(stderr, "kvzip-store: error: %s (%s)\n", E(kvz_error_detail()), kvz_strerror(rc));
-        return kvz_error_clear(), EXIT_FAIL;
-    }
+    if (rc == KVZ_ERR_ARG) return cli_error_detail(rc), EXIT_FAIL;
     if (rc) return FAIL(rc, "snapshot of %s into %s failed (nothing left there)", path, dir);
     const uint64_t bytes = kvz_store_file_bytes(dir);
     if (json) return dump(json_pack("{s:o, s:I}", "snapshot", kvz_report_text(dir), "bytes", (json_int_t)bytes), "\n");
-    printf("snapshot: %s -> %s (%s, compacted)\n", E(path), E(dir), B(bytes));
+    kvz_store_report_print_snapshot(stdout, path, dir, bytes);
     return EXIT_OK;
 }
 
 /* merge (docs/SCALE.md): the library reports each document, conflict and problem */
 static int on_merge(void *u, int kind, const char *msg)
 {
-    if (kind == KVZ_MERGE_DOC) {
-        if (!*(const int *)u && !json) fprintf(stderr, "%s\n", msg);
-    } else if (kind == KVZ_MERGE_CORPUS && !strncmp(msg, "note: ", 6)) {
-        fprintf(stderr, "kvzip-store: merge: warning: %s\n", msg + 6);
-    } else {
-        fprintf(stderr, "kvzip-store: merge: %s%s\n", kind == KVZ_MERGE_CONFLICT ? "conflict: "
-                : kind == KVZ_MERGE_BAD_BLOB ? "error: " : "", msg);
-    }
+    if (kind != KVZ_MERGE_DOC || (!*(const int *)u && !json)) /* a document's line unless --quiet */
+        kvz_store_report_print_merge_event(stderr, cli_prog, kind, msg);
     return 0;
 }
 
@@ -343,8 +187,7 @@ static int cmd_merge(const char **srcs, int n, const char *into, const kvz_merge
     kvz_merge_result r;
     int rc = kvz_store_merge(srcs, (size_t)n, into, o, on_merge, &quiet, &r);
     if (rc == KVZ_ERR_MODEL || rc == KVZ_ERR_ARG || rc == KVZ_ERR_NOTFOUND) {
-        fprintf(stderr, "kvzip-store: error: %s (%s)\n", E(kvz_error_detail()), kvz_strerror(rc));
-        kvz_error_clear();
+        cli_error_detail(rc);
         return rc == KVZ_ERR_MODEL ? EXIT_MODEL : store_exit(rc);
     }
     if (rc) return FAIL(rc, "merge into %s stopped (documents merged so far stay; rerun to finish)", into);
@@ -356,11 +199,7 @@ static int cmd_merge(const char **srcs, int n, const char *into, const kvz_merge
         fprintf(stderr, "kvzip-store: error: the sources were made from different corpus listings; "
                 "nothing merged (re-run the stale shards, or --allow-mixed-corpus)\n");
     if (r.refused || (json && dump(kvz_report_merge(into, &r), "\n"))) return EXIT_FAIL;
-    if (!json)
-        printf("merge: %" PRIu64 " documents from %d store%s into %s: %" PRIu64 " copied, %" PRIu64
-               " linked, %" PRIu64 " unchanged, %" PRIu64 " replaced, %" PRIu64 " skipped (blob "
-               "does not verify), %" PRIu64 " conflicts resolved\n", r.n_docs, n, n == 1 ? "" : "s",
-               E(into), r.copied, r.linked, r.unchanged, r.replaced, r.bad, r.conflicts);
+    if (!json) kvz_store_report_print_merge(stdout, into, n, &r);
     if (!r.bad) return EXIT_OK;
     fprintf(stderr, "kvzip-store: error: %" PRIu64 " document%s not merged: %s blob did not verify\n",
             r.bad, r.bad == 1 ? "" : "s", r.bad == 1 ? "its" : "their");

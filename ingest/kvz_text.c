@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "kvz_error.h"
+#include "kvz_escape.h" /* kvz_text_valid is kvz_utf8_valid */
 
 static const char *file_kind(mode_t m)
 {
@@ -47,34 +48,7 @@ int kvz_text_open_regular(const char *path, struct stat *st)
     return fd;
 }
 
-int kvz_text_valid(const char *s, size_t len, size_t *bad)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < len) {
-        unsigned c = p[i];
-        size_t n;
-        uint32_t cp;
-        if (c == 0) goto fail;
-        if (c < 0x80) { i++; continue; }
-        if ((c & 0xE0) == 0xC0) { n = 1; cp = c & 0x1F; }
-        else if ((c & 0xF0) == 0xE0) { n = 2; cp = c & 0x0F; }
-        else if ((c & 0xF8) == 0xF0) { n = 3; cp = c & 0x07; }
-        else goto fail;
-        for (size_t k = 1; k <= n; k++) {
-            if (i + k >= len || (p[i + k] & 0xC0) != 0x80) goto fail;
-            cp = (cp << 6) | (p[i + k] & 0x3F);
-        }
-        if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
-            cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            goto fail;
-        i += n + 1;
-    }
-    return 1;
-fail:
-    if (bad) *bad = i;
-    return 0;
-}
+int kvz_text_valid(const char *s, size_t len, size_t *bad) { return kvz_utf8_valid(s, len, bad); }
 
 int kvz_text_read(const char *path, size_t max_bytes, char **out, size_t *len)
 {

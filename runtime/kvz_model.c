@@ -554,6 +554,12 @@ int32_t kvz_model_device(const kvz_model *m) { return m->device; }
 const kvz_backend *kvz_model_backend(const kvz_model *m) { return m->be; }
 uint64_t kvz_model_weight_bytes(const kvz_model *m) { return m->weight_bytes; }
 
+uint64_t kvz_model_tok_embd_bytes(const kvz_model *m)
+{
+    if (!m->m_tok.data || m->m_tok.data == m->m_out.data) return 0;
+    return (uint64_t)m->m_tok.row_bytes * (uint64_t)m->m_tok.rows;
+}
+
 int kvz_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
                 float *logits, int flags, const kvz_layer_hook *hook)
 {

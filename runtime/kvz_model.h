@@ -98,6 +98,12 @@ void kvz_model_fingerprint(const kvz_model *m, uint8_t out[16]);
 int32_t kvz_model_device(const kvz_model *m);
 /** Bytes of weights as held by the backend. */
 uint64_t kvz_model_weight_bytes(const kvz_model *m);
+/** Bytes of the token embedding table held on the host (CPU backend) when it is
+ *  its own matrix, untied from the output projection: part of
+ *  kvz_model_weight_bytes, of which a decoded token reads one row (of
+ *  bytes / n_vocab). 0 when the embedding is tied (the output projection reads
+ *  all of it) or not held on the host (CUDA backend). */
+uint64_t kvz_model_tok_embd_bytes(const kvz_model *m);
 
 /* ------------------------------------------------------------------------ */
 /* KV cache                                                                  */

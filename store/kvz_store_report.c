@@ -1,9 +1,13 @@
-/* The store's reports as jansson objects (kvz_store_report.h). */
+/* The store's reports as jansson objects and as text lines (kvz_store_report.h). */
 #include "kvz_store_report.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "kvz_error.h"
+#include "kvz_escape.h"
 
 /* Length of the valid UTF-8 sequence at p (n bytes left), 0 when it is not one:
  * no overlong forms, no surrogates, nothing above U+10FFFF. */
@@ -188,4 +192,162 @@ json_t *kvz_report_merge(const char *into, const kvz_merge_result *r)
                      I(r->linked), "unchanged", I(r->unchanged), "replaced", I(r->replaced), "bad",
                      I(r->bad), "conflicts_resolved", I(r->conflicts), "mixed_corpus",
                      r->mixed_corpus != 0, "bytes_copied", I(r->bytes_copied));
+}
+
+/* ---- the same reports as text lines (kvzip-store without --json) ---- */
+
+#define E kvz_escape
+#define R kvz_store_ratio
+
+static const char *B(uint64_t b) /* bytes for a text line; 8 rotating buffers */
+{
+    static _Thread_local char bufs[8][32];
+    static _Thread_local unsigned next;
+    char *out = bufs[next++ % 8];
+    if (b < 10000) snprintf(out, 32, "%" PRIu64 " B", b);
+    else if (b < 10000000) snprintf(out, 32, "%.1f kB", b / 1e3);
+    else if (b < 10000000000ull) snprintf(out, 32, "%.1f MB", b / 1e6);
+    else snprintf(out, 32, "%.2f GB", b / 1e9);
+    return out;
+}
+
+void kvz_store_report_print_ls_header(FILE *f)
+{
+    fprintf(f, "%-40s %8s %6s %10s %8s  %s\n", "ID", "TOKENS", "RATIO", "STORED", "COMPR", "DATE (UTC)");
+}
+
+void kvz_store_report_print_ls_row(FILE *f, const char *id, const kvz_store_doc_info *in)
+{
+    char date[32];
+    kvz_store_fmt_date(in->ingest_time, date);
+    fprintf(f, "%-40s %8" PRIu64 " %6.3f %10s %7.2fx  %s\n", E(id), in->n_tokens, in->ratio,
+            B(in->bytes_stored), R(in->bytes_kv_full, in->bytes_stored), date);
+}
+
+void kvz_store_report_print_doc_detail(FILE *f, const char *id, const kvz_store_doc_detail *d)
+{
+    const kvz_store_doc_info *in = &d->info;
+    const kvz_blob_meta *m = &d->meta;
+    char hx[33], fp[33], date[32];
+    kvz_store_hex16(in->hash, hx);
+    kvz_store_hex16(m->fingerprint, fp);
+    kvz_store_fmt_date(in->ingest_time, date);
+    fprintf(f, "document     %s\nsource       %s\nhash         %s\ningested     %s UTC\n", E(id),
+            in->source_path[0] ? E(in->source_path) : "-", hx, date);
+    fprintf(f, "tokens       %" PRIu64 " (%u system prefix + %u context)\n", in->n_tokens, m->n_prefix,
+            m->n_context);
+    fprintf(f, "KV bytes     full %s, kept %s, stored %s in %u records\n", B(in->bytes_kv_full),
+            B(in->bytes_kv_kept), B(in->bytes_stored), in->n_records);
+    fprintf(f, "compression  %.2fx overall (eviction %.2fx, zstd %.2fx)\nmodel        %s\n",
+            R(in->bytes_kv_full, in->bytes_stored), R(in->bytes_kv_full, in->bytes_kv_kept),
+            R(in->bytes_kv_kept, in->bytes_stored), fp);
+    fprintf(f, "dims         %u layers, %u query heads, %u KV heads, head_dim %u, %s\n", m->n_layer,
+            m->n_head, m->n_kv_head, m->head_dim, kvz_store_dtype_name(m->dtype));
+    fprintf(f, "eviction     %s, ratio %.3f, chunk %u, overlap %u, prefix %s\n", kvz_store_mode_name(m->mode),
+            m->ratio, m->chunk, m->overlap, m->prefix_policy == KVZ_PREFIX_KEEP ? "kept"
+            : m->prefix_policy == KVZ_PREFIX_SHARED ? "shared (one copy per store)" : "not stored");
+    fprintf(f, "kept pairs   %" PRIu64 " (context %" PRIu64 " of %" PRIu64 " = %.3f); per head %u..%u\n",
+            d->pairs_kept, d->context_pairs_kept, d->context_pairs,
+            R(d->context_pairs_kept, d->context_pairs), d->kept_min, d->kept_max);
+    fprintf(f, "records      META %" PRIu64 " B; layers raw %s -> %s (zstd %.2fx)\n", d->meta_bytes,
+            B(d->bytes_raw), B(d->bytes_records), R(d->bytes_raw, d->bytes_records - d->meta_bytes));
+    fprintf(f, "\n%5s %8s %10s %10s  %s\n", "LAYER", "KEPT", "RAW", "RECORD", "PER KV HEAD");
+    for (uint32_t l = 0, H = m->n_kv_head; l < m->n_layer; l++) {
+        fprintf(f, "%5u %8" PRIu64 " %10" PRIu64 " %10" PRIu64 "  ", l, kvz_blob_layer_kept(m, l),
+                d->raw_bytes[l], d->rec_bytes[l]);
+        for (uint32_t h = 0; h < H && h < 16; h++) fprintf(f, "%s%u", h ? " " : "", m->counts[l * H + h]);
+        fprintf(f, "%s\n", H > 16 ? " ..." : "");
+    }
+}
+
+void kvz_store_report_print_summary(FILE *f, const char *dir, const kvz_store_summary *t)
+{
+    const kvz_store_stats *st = &t->st;
+    char fp[33] = "(none yet)";
+    if (st->has_model) kvz_store_hex16(st->model_fp, fp);
+    fprintf(f, "store        %s\nmodel        %s\n", E(dir), fp);
+    fprintf(f, "documents    %" PRIu64 " (%" PRIu64 " tokens)\n", st->n_docs, t->tokens);
+    fprintf(f, "blobs        %" PRIu64 " (%" PRIu64 " records, %s)\n", st->n_blobs, st->n_records,
+            B(st->bytes_records));
+    fprintf(f, "KV bytes     full %s, kept %s, stored %s\n", B(t->bytes_kv_full), B(t->bytes_kv_kept),
+            B(st->bytes_records));
+    fprintf(f, "compression  %.2fx overall (eviction %.2fx, zstd %.2fx; per document, before sharing)\n",
+            R(t->bytes_kv_full, t->bytes_stored_docs), R(t->bytes_kv_full, t->bytes_kv_kept),
+            R(t->bytes_kv_kept, t->bytes_stored_docs));
+    fprintf(f, "map          %s in use of %s mapped; data.mdb %s; page %u B\nlast txn     %" PRIu64 "\n",
+            B(st->map_used), B(st->map_size), B(t->file_bytes), st->page_size, st->last_txnid);
+}
+
+void kvz_store_report_print_verify(FILE *f, const char *dir, const kvz_store_verify_result *r)
+{
+    fprintf(f, "%s: %" PRIu64 " documents, %" PRIu64 " blobs, %" PRIu64 " records decoded: %s\n", E(dir),
+            r->n_docs, r->n_blobs, r->n_records, r->n_problems ? "PROBLEMS" : "ok");
+}
+
+void kvz_store_report_print_gc(FILE *f, const kvz_store_gc_compact_result *r)
+{
+    const kvz_store_gc_result *g = &r->gc;
+    fprintf(f, "gc: dropped %" PRIu64 " unreferenced blobs and %" PRIu64 " orphan records (%" PRIu64
+            " records, %s); fixed %" PRIu64 " refcounts; dropped %" PRIu64 " unreferenced shared "
+            "prefixes\n", g->blobs_dropped, g->orphan_records, g->records_dropped, B(g->bytes_dropped),
+            g->refs_fixed, g->prefixes_dropped);
+    if (r->compacted) fprintf(f, "compact: data.mdb %s -> %s\n", B(r->file_bytes_before), B(r->file_bytes_after));
+}
+
+void kvz_store_report_print_salvage(FILE *f, const char *src, const char *dst, const kvz_store_salvage_result *r)
+{
+    fprintf(f, "salvage: %" PRIu64 " of %" PRIu64 " documents copied from %s to %s; %" PRIu64 " lost%s\n",
+            r->n_copied, r->n_docs, E(src), E(dst), r->n_lost,
+            r->n_gaps ? ", and parts of the doc index could not be read (ids unknown)" : "");
+}
+
+void kvz_store_report_print_merge(FILE *f, const char *into, int n_sources, const kvz_merge_result *r)
+{
+    fprintf(f, "merge: %" PRIu64 " documents from %d store%s into %s: %" PRIu64 " copied, %" PRIu64
+            " linked, %" PRIu64 " unchanged, %" PRIu64 " replaced, %" PRIu64 " skipped (blob "
+            "does not verify), %" PRIu64 " conflicts resolved\n", r->n_docs, n_sources,
+            n_sources == 1 ? "" : "s", E(into), r->copied, r->linked, r->unchanged, r->replaced, r->bad,
+            r->conflicts);
+}
+
+void kvz_store_report_print_snapshot(FILE *f, const char *src, const char *dst, uint64_t bytes)
+{
+    fprintf(f, "snapshot: %s -> %s (%s, compacted)\n", E(src), E(dst), B(bytes));
+}
+
+void kvz_store_report_print_no_doc(FILE *f, const char *prog, const char *dir, const char *id, uint32_t n)
+{
+    fprintf(f, "%s: error: no document '%s' in %s", prog, E(id), E(dir));
+    if (!n) fputs(" (list them with kvzip-store ls)\n", f);
+    else if (n == 1) fprintf(f, ": it was stored in parts: '%s#1' (kvzip-store ls lists them)\n", E(id));
+    else fprintf(f, ": it was stored in parts: '%s#1'..'%s#%u' (kvzip-store ls lists them)\n", E(id), E(id), n);
+}
+
+void kvz_store_report_print_problem(FILE *f, const char *prog, int err, const char *msg)
+{
+    fprintf(f, "%s: verify: %s (%s)\n", prog, E(msg), kvz_strerror(err));
+}
+
+void kvz_store_report_print_lost(FILE *f, const char *prog, const char *id, int err, const char *msg)
+{
+    if (id) fprintf(f, "%s: salvage: lost '%s': %s (%s)\n", prog, E(id), E(msg), kvz_strerror(err));
+    else fprintf(f, "%s: salvage: %s (%s)\n", prog, E(msg), kvz_strerror(err));
+}
+
+void kvz_store_report_print_merge_event(FILE *f, const char *prog, int kind, const char *msg)
+{
+    /* the library's lines quote ids and paths as stored: escaped like every other line */
+    if (kind == KVZ_MERGE_DOC) fprintf(f, "%s\n", E(msg));
+    else if (kind == KVZ_MERGE_CORPUS && !strncmp(msg, "note: ", 6)) fprintf(f, "%s: merge: warning: %s\n", prog, E(msg + 6));
+    else fprintf(f, "%s: merge: %s%s\n", prog, kind == KVZ_MERGE_CONFLICT ? "conflict: "
+                 : kind == KVZ_MERGE_BAD_BLOB ? "error: " : "", E(msg));
+}
+
+void kvz_store_report_print_salvage_loss(FILE *f, const char *prog, const char *src, const char *dst,
+                                         const kvz_store_salvage_result *r)
+{
+    fprintf(f, "%s: error: %s: %" PRIu64 " document%s lost%s", prog, E(src), r->n_lost, r->n_lost == 1 ? "" : "s",
+            r->n_gaps ? " and unreadable stretches of the doc index" : "");
+    if (r->n_copied) fprintf(f, " (the rest is in %s)\n", E(dst));
+    else fprintf(f, "; nothing could be copied, so %s was not created\n", E(dst)); /* e.g. a damaged shared prefix */
 }
