@@ -49,13 +49,6 @@ static void on_progress(void *user, const char *id, int64_t cur, int64_t total, 
     fflush(stderr);
 }
 
-static void print_summary(const char *store_path, size_t n_docs, const kvz_batch_stats *s, int failed,
-                          int skipped, float ratio, int json, int quiet)
-{
-    if (json || !quiet)
-        kvz_ingest_report_summary(json ? stdout : stderr, cli_prog, store_path, n_docs, s, failed, skipped,
-                                  ratio, json);
-}
 
 /* ---- options ---- */
 typedef struct ingest_args {
@@ -129,21 +122,12 @@ static int resolve_gpus(ingest_args *a)
     if (a->gpus && strcmp(a->device_str, "auto"))
         cli_usage_error("--gpus picks the devices itself (cuda:0..N-1); drop --device");
     if (!a->gpus) return 0;
-    int have = 0;
-    const int rcg = kvz_dispatch_gpu_count(&have);
-    if (!strcmp(a->gpus, "all")) {
-        if (rcg) { cli_error(rcg, "--gpus all"); return EXIT_MODEL; }
-        a->workers = have;
-        return 0;
-    }
-    a->workers = cli_parse_long("--gpus", a->gpus, 1, KVZ_DISPATCH_MAX_WORKERS);
-    if (rcg) { cli_error(rcg, "--gpus %ld", a->workers); return EXIT_MODEL; }
-    if (a->workers > have) {
-        fprintf(stderr, "kvzip-ingest: error: --gpus %ld: this host has %d usable GPU%s\n", a->workers,
-                have, have == 1 ? "" : "s");
-        return EXIT_MODEL;
-    }
-    return 0;
+    const long want = strcmp(a->gpus, "all") ? cli_parse_long("--gpus", a->gpus, 1, KVZ_DISPATCH_MAX_WORKERS) : 0;
+    int n = 0;
+    const int rc = kvz_dispatch_gpus(want, &n);
+    if (rc) cli_error(rc, "--gpus %s", a->gpus);
+    a->workers = n;
+    return rc ? EXIT_MODEL : 0;
 }
 
 /* ---- steps 3 and 4: in this process, in the parent of workers, in a worker ---- */
@@ -174,8 +158,9 @@ static int ingest_local(kvz_corpus *c, const ingest_args *a)
     const int rc = kvz_batch_run(m, c, &bo, &s, &ran);
     if (rc == KVZ_ERR_NOMEM) oom();
     if (rc) cli_error(rc, "cannot open store %s", bo.store_path);
-    if (ran)
-        print_summary(bo.store_path, c->n, &s, c->failed + s.failed, c->skipped, a->o.kp.ratio, a->json, a->quiet);
+    if (ran && (a->json || !a->quiet))
+        kvz_ingest_report_summary(a->json ? stdout : stderr, cli_prog, bo.store_path, c->n, &s, c->failed + s.failed,
+                                  c->skipped, a->o.kp.ratio, a->json);
     kvz_model_free(m);
     return rc ? cli_store_exit(rc) : c->failed || c->collisions || s.failed ? EXIT_FAIL : 0;
 }
@@ -217,7 +202,9 @@ static int run_worker(kvz_claims *claims, const ingest_args *a)
     kvz_workers_take(b, m, claims, &rep, &n_taken);
     kvz_batch_close(b, &s);
     const int failed = rep.failed + s.failed;
-    print_summary(bo.store_path, n_taken, &s, failed, rep.skipped, a->o.kp.ratio, a->json, a->quiet);
+    if (a->json || !a->quiet)
+        kvz_ingest_report_summary(a->json ? stdout : stderr, cli_prog, bo.store_path, n_taken, &s, failed,
+                                  rep.skipped, a->o.kp.ratio, a->json);
     kvz_model_free(m);
     return failed ? EXIT_FAIL : 0;
 }
@@ -234,21 +221,11 @@ static void on_worker_line(void *user, int w, const char *dev, const char *line,
 static int run_workers(const kvz_corpus *c, int argc, char **argv, ingest_args *a)
 {
     const char *store_path = cli_store_path(a->store);
-    const char **av = calloc((size_t)argc + 4, sizeof *av);
-    if (!av) oom();
     /* worker arguments: the model, store and ingest settings of this command */
-    static const char *const with_value[] = {"--store", "--max-map", "--model", "--synthetic", "--ratio",
-                                             "--mode", "--kv-dtype", "--part-tokens", NULL};
-    int k = 0;
-    av[k++] = argv[0];
-    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++) {
-        int take = 0;
-        for (int j = 0; with_value[j]; j++) take |= !strcmp(argv[i], with_value[j]);
-        if (take && i + 1 < argc) { av[k++] = argv[i]; av[k++] = argv[++i]; }
-    }
-    av[k++] = "--store";
-    av[k++] = store_path;
-    av[k++] = "--json";
+    static const char *const forward[] = {"--store", "--max-map", "--model", "--synthetic", "--ratio",
+                                          "--mode", "--kv-dtype", "--part-tokens", NULL};
+    const char **av = kvz_workers_argv(argc, argv, forward, store_path);
+    if (!av) oom();
     const int nw = (int)a->workers;
     const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     const int per = a->threads > 0 ? (int)a->threads : (int)(ncpu / nw > 0 ? ncpu / nw : 1);

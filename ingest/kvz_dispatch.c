@@ -318,3 +318,14 @@ void kvz_claims_close(kvz_claims *c)
 }
 
 int kvz_dispatch_gpu_count(int *n) { return kvz_backend_gpu_count(n); }
+
+int kvz_dispatch_gpus(long want, int *workers)
+{
+    int have = 0;
+    const int rc = kvz_backend_gpu_count(&have);
+    if (rc) return rc;
+    if (want > have)
+        return kvz_error_set(KVZ_ERR_NODEV, "this host has %d usable GPU%s", have, have == 1 ? "" : "s");
+    *workers = want > 0 ? (int)want : have;
+    return 0;
+}

@@ -94,6 +94,10 @@ void kvz_claims_close(kvz_claims *c);
 
 /** Number of CUDA GPUs this process may use; KVZ_ERR_NODEV without a CUDA build or GPU. */
 int kvz_dispatch_gpu_count(int *n);
+/** Workers of --gpus: @p want GPUs (0: all this process may use) into *workers.
+ *  KVZ_ERR_NODEV without a CUDA build or GPU, or with fewer than @p want (the detail
+ *  says how many there are). */
+int kvz_dispatch_gpus(long want, int *workers);
 
 #ifdef __cplusplus
 }

@@ -159,3 +159,23 @@ void kvz_workers_result_free(kvz_workers_result *r)
     free(r->per);
     r->per = NULL;
 }
+
+const char **kvz_workers_argv(int argc, char *const *argv, const char *const *forward, const char *store)
+{
+    const char **av = calloc((size_t)argc + 5, sizeof *av);
+    if (!av) return NULL;
+    int k = 0;
+    av[k++] = argv[0];
+    for (int i = 1; i < argc && strcmp(argv[i], "--"); i++) {
+        int take = 0;
+        for (int j = 0; forward[j]; j++) take |= !strcmp(argv[i], forward[j]);
+        if (take && i + 1 < argc) {
+            av[k++] = argv[i];
+            av[k++] = argv[++i];
+        }
+    }
+    av[k++] = "--store";
+    av[k++] = store;
+    av[k++] = "--json";
+    return av;
+}

@@ -83,6 +83,15 @@ typedef struct kvz_workers_result {
 } kvz_workers_result;
 
 /**
+ * The common worker arguments of a parent command line (kvz_workers_opts.argv):
+ * argv[0], then each option of @p forward (NULL-terminated names of options that
+ * take a value) with its value, as the parent gave them before any "--", then
+ * "--store" @p store and "--json". NULL-terminated; free the array (not its strings,
+ * which are the caller's). NULL: out of memory.
+ */
+const char **kvz_workers_argv(int argc, char *const *argv, const char *const *forward, const char *store);
+
+/**
  * Parent side: hand every usable document of @p c to the workers, longest
  * first, and wait for all of them; their stderr lines go to o->on_line, the
  * last stdout line of each is its summary.
