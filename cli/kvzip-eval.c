@@ -13,11 +13,11 @@
 #include "kvz_eval_multidoc.h"
 #include "kvz_kvrow.h"
 #include "kvz_shard.h"
-#include "kvzip_eval_usage.h"
+#include "kvzip-eval.help.h" /* cli_help, cli_help_multidoc: from cli/help/kvzip-eval*.txt */
 
-static void usage(void) { printf(KVZ_EVAL_USAGE, KVZ_DEFAULT_MODEL); }
+static void usage(void) { fputs(cli_help, stdout); }
 
-static void md_usage(void) { fputs(KVZ_EVAL_MD_USAGE, stdout); }
+static void md_usage(void) { fputs(cli_help_multidoc, stdout); }
 
 /* Progress and warnings from the eval module: one escaped line each on stderr. A
  * terminal gets the scoring percentage on one line that the next message replaces. */

@@ -12,8 +12,11 @@ trap 'rm -rf "$T"' EXIT
 pass=0 fail=0 n=0
 bad() { fail=$((fail + 1)); echo "FAIL: $*" >&2; }
 
+# cli/help/<tool>.<mode>.txt is the text of `<tool> --<mode> --help`
 for txt in "$SRC"/cli/help/*.txt; do
   tool=$(basename "$txt" .txt)
+  mode=
+  case $tool in *.*) mode=--${tool#*.}; tool=${tool%%.*} ;; esac
   n=$((n + 1))
   if [ ! -x "$BIN/$tool" ]; then bad "$tool: not built in KVZ_BIN=$BIN"; continue; fi
   cp "$txt" "$T/want"
@@ -25,9 +28,9 @@ for txt in "$SRC"/cli/help/*.txt; do
     M="$m" V="$v" perl -pi -e 's/\@\Q$ENV{M}\E\@/$ENV{V}/g' "$T/want"
   done
   for flag in --help -h; do
-    "$BIN/$tool" $flag >"$T/out" 2>"$T/err"
+    "$BIN/$tool" $mode $flag >"$T/out" 2>"$T/err"
     rc=$?
-    if [ $rc -ne 0 ]; then bad "$tool $flag: exit $rc"
+    if [ $rc -ne 0 ]; then bad "$tool $mode $flag: exit $rc"
     elif [ -s "$T/err" ]; then bad "$tool $flag: stderr: $(head -c 300 "$T/err")"
     elif ! cmp -s "$T/want" "$T/out"; then bad "$tool $flag differs from cli/help/$tool.txt:"; diff "$T/want" "$T/out" | head -20 >&2
     else pass=$((pass + 1)); fi
