@@ -1,9 +1,10 @@
 /* One-thread speed of the batched products on quantized weights: the int8 GEMM
  * (kvz_qgemm: activation quantization + panel unpacking + microkernel) against the
- * dequantize + OpenBLAS SGEMM route (kvz_dequantize of the rows, cblas_sgemm),
+ * dequantize + OpenBLAS SGEMM route (kvz_dequantize of the rows, cblas_sgemm) and,
+ * for N <= 64, the per-row int8 dot products of decode (kvz_qdot per row and token),
  * on Qwen2.5-0.5B's and SmolLM2's shapes, n tokens (default 512). Timed in thread
  * CPU time (CLOCK_THREAD_CPUTIME_ID), so that a loaded machine stretches the wall
- * clock but not the figures; best of 3. Run with OMP_NUM_THREADS=1 (OpenBLAS
+ * clock but not the figures; best of 5. Run with OMP_NUM_THREADS=1 (OpenBLAS
  * single-threaded).
  *
  *   build/bin/qdot_bench_gemm [N]
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kvz_qdot.h"
 #include "kvz_qgemm.h"
 #include "kvz_quant.h"
 
@@ -47,8 +49,9 @@ int main(int argc, char **argv)
         {KVZ_TYPE_Q4_1, 576, 1536, "SmolLM2 down"}, {KVZ_TYPE_Q4_1, 4864, 896, "(Qwen gate/up shape)"}, {KVZ_TYPE_Q5_0, 576, 1536, "(SmolLM2 down shape)"}, {KVZ_TYPE_Q4_1, 576, 576, "SmolLM2 q/o"},
     };
     if (n < 1) { fprintf(stderr, "usage: qdot_bench_gemm [N >= 1]\n"); return 2; }
-    printf("n = %d tokens, one thread, GFLOP/s of thread CPU time (best of 3)\n", n);
-    printf("| type | rows x k | shape | int8 GEMM | dequant+SGEMM | ratio |\n|---|---|---|---|---|---|\n");
+    printf("n = %d tokens, one thread, GFLOP/s of thread CPU time (best of 5)\n", n);
+    printf("| type | rows x k | shape | int8 GEMM | dequant+SGEMM | GEMM / SGEMM | per-row qdot |\n"
+           "|---|---|---|---|---|---|---|\n");
     for (size_t i = 0; i < sizeof S / sizeof S[0]; i++) {
         const int64_t k = S[i].k, rows = S[i].rows;
         const size_t rb = (size_t)kvz_type_nbytes(S[i].t, k);
@@ -59,8 +62,8 @@ int main(int argc, char **argv)
         fill(S[i].t, w, (int64_t)rb * rows);
         for (int64_t j = 0; j < (int64_t)n * k; j++) x[j] = (float)((j * 7919) % 2001 - 1000) / 1000.0f;
         const int64_t P = kvz_qgemm_panel_rows(k);
-        double best_q = 1e30, best_s = 1e30;
-        for (int rep = 0; rep < 3; rep++) {
+        double best_q = 1e30, best_s = 1e30, best_d = 1e30;
+        for (int rep = 0; rep < 5; rep++) {
             double t0 = cpu_now();
             kvz_qgemm_quantize(x, n, k, 0, n, act);
             for (int64_t r0 = 0; r0 < rows; r0 += P)
@@ -74,10 +77,21 @@ int main(int argc, char **argv)
                         0.0f, y, (int)rows);
             t1 = cpu_now();
             best_s = t1 - t0 < best_s ? t1 - t0 : best_s;
+            if (n <= 64) { /* decode's route: quantize each token, one dot per row and token */
+                const size_t qb = kvz_q8_row_bytes(k);
+                t0 = cpu_now();
+                for (int t = 0; t < n; t++) kvz_q8_quantize(x + (size_t)t * k, k, act + (size_t)t * qb);
+                for (int64_t r = 0; r < rows; r++)
+                    for (int t = 0; t < n; t++)
+                        y[(size_t)t * rows + r] = kvz_qdot(S[i].t, w + (size_t)r * rb, act + (size_t)t * qb, k);
+                t1 = cpu_now();
+                best_d = t1 - t0 < best_d ? t1 - t0 : best_d;
+            }
         }
         const double fl = 2.0 * n * (double)rows * (double)k;
-        printf("| %s | %lld x %lld | %s | %.1f | %.1f | %.2fx |\n", kvz_type_name(S[i].t), (long long)rows,
-               (long long)k, S[i].what, fl / best_q / 1e9, fl / best_s / 1e9, best_s / best_q);
+        printf("| %s | %lld x %lld | %s | %.1f | %.1f | %.2fx | %.1f |\n", kvz_type_name(S[i].t), (long long)rows,
+               (long long)k, S[i].what, fl / best_q / 1e9, fl / best_s / 1e9, best_s / best_q,
+               n <= 64 ? fl / best_d / 1e9 : 0.0);
         free(w); free(act); free(panel); free(x); free(y); free(wf);
     }
     return 0;

@@ -86,7 +86,18 @@ static void linear_qgemm(const kvz_wmat *W, int nw, const int64_t *off, const fl
     uint8_t *act = (uint8_t *)work;
     uint8_t *panels = (uint8_t *)(work + qgemm_act_floats(n, in));
     const size_t pb = (kvz_qgemm_panel_bytes(in) + 63) / 64 * 64;
-    const int64_t P = kvz_qgemm_panel_rows(in);
+    /* panels of at most the unpacked budget, and at least 4 per thread in a number
+     * that divides among the threads (a 6-panel matrix on 2 threads is 3 + 3; with
+     * one short panel it would be 3 + 2 and a tail) */
+    const int nthr = omp_get_max_threads();
+    int64_t total = 0;
+    for (int k = 0; k < nw; k++) total += W[k].rows;
+    const int64_t pmax = kvz_qgemm_panel_rows(in);
+    int64_t ntask = (total + pmax - 1) / pmax;
+    if (ntask < 4 * (int64_t)nthr) ntask = 4 * (int64_t)nthr;
+    ntask = (ntask + nthr - 1) / nthr * nthr;
+    int64_t P = ((total + ntask - 1) / ntask + 7) / 8 * 8;
+    if (P > pmax) P = pmax;
     int64_t first[5] = {0}; /* first task of matrix k */
     for (int k = 0; k < nw; k++) first[k + 1] = first[k] + (W[k].rows + P - 1) / P;
 #pragma omp parallel
