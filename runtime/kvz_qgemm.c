@@ -6,8 +6,8 @@
  *     dot_b = d_b · (dw · Σ_h isc_h Σ_e u_e q_e) + Σ_h off_h · d_b · s_h
  * with the activation block scale d_b and half sums s_h of kvz_q8_quantize.
  *
- * Activation buffer: fp32 aux[n][k/32][4] = {d_b, d_b·(s_0+s_1), d_b·s_0, d_b·s_1},
- * then n kvz_q8_quantize rows.
+ * Activation buffer: fp32 aux[n][k/32][8] = {d_b, d_b·(s_0+s_1), d_b·s_0, d_b·s_1,
+ * int32 s_0+s_1, 0, 0, 0}, then n kvz_q8_quantize rows.
  *
  * Tile of 8 weight rows, one record of REC bytes per 32-element block:
  *   u[8 groups][8 rows][4]  raw quants, group g = elements 4g..4g+3 (Q8_0: signed)
@@ -21,7 +21,9 @@
  *
  * int16 saturation: vpmaddubsw adds two products u·q with |q| <= 127, so a sum of
  * L results stays below 2^15 when L·2·umax·127 < 32768: 4-bit quants (umax 15)
- * sum all 8 groups (30480), 5-bit (31) 4 groups (31496), 6-bit (63) 2 (32004);
+ * could sum all 8 groups (30480) but sum 4 like 5-bit ones (31496; with 8 the
+ * compiler's add tree spills registers, and no speed difference showed on the
+ * shared machine), 6-bit (63) 2 (32004);
  * Q8_0 (signed, by the sign trick: |w| <= 128) goes to int32 after every group. */
 #include "kvz_qgemm.h"
 
@@ -52,13 +54,17 @@
  * and the panel holds more rows; the outputs accumulate over the chunks in fp32 */
 #define KCHUNK 1024
 
-enum { V_U4, V_U5, V_U6, V_S8, V_NONE };
+/* U4/U5: 4/5-bit quants with an fp32 offset per row; U4O/U5O: Q4_0/Q5_0, whose
+ * offset (-8, -16 times the scale) is subtracted in int32 as 8·s, 16·s */
+enum { V_U4, V_U5, V_U6, V_S8, V_U4O, V_U5O, V_NONE };
 
 static int variant(uint32_t t)
 {
     switch (t) {
-    case KVZ_TYPE_Q4_0: case KVZ_TYPE_Q4_1: case KVZ_TYPE_Q4_K: return V_U4;
-    case KVZ_TYPE_Q5_0: case KVZ_TYPE_Q5_1: case KVZ_TYPE_Q5_K: return V_U5;
+    case KVZ_TYPE_Q4_0: return V_U4O;
+    case KVZ_TYPE_Q5_0: return V_U5O;
+    case KVZ_TYPE_Q4_1: case KVZ_TYPE_Q4_K: return V_U4;
+    case KVZ_TYPE_Q5_1: case KVZ_TYPE_Q5_K: return V_U5;
     case KVZ_TYPE_Q6_K: return V_U6;
     case KVZ_TYPE_Q8_0: return V_S8;
     default: return V_NONE;
@@ -81,13 +87,13 @@ int kvz_qgemm_available(void)
 
 size_t kvz_qgemm_act_bytes(int64_t n, int64_t k)
 {
-    return (size_t)n * ((size_t)(k / 32) * 16 + kvz_q8_row_bytes(k));
+    return (size_t)n * ((size_t)(k / 32) * 32 + kvz_q8_row_bytes(k));
 }
 
-static float *act_aux(const void *act, int64_t k, int64_t t) { return (float *)act + (size_t)t * (size_t)(k / 32) * 4; }
+static float *act_aux(const void *act, int64_t k, int64_t t) { return (float *)act + (size_t)t * (size_t)(k / 32) * 8; }
 static const uint8_t *act_row(const void *act, int64_t n, int64_t k, int64_t t)
 {
-    return (const uint8_t *)act + (size_t)n * (size_t)(k / 32) * 16 + (size_t)t * kvz_q8_row_bytes(k);
+    return (const uint8_t *)act + (size_t)n * (size_t)(k / 32) * 32 + (size_t)t * kvz_q8_row_bytes(k);
 }
 
 void kvz_qgemm_quantize(const float *x, int64_t n, int64_t k, int64_t i0, int64_t i1, void *act)
@@ -101,10 +107,14 @@ void kvz_qgemm_quantize(const float *x, int64_t n, int64_t k, int64_t i0, int64_
             int16_t s[2];
             memcpy(&d, row + k + 4 * b, 4);
             memcpy(s, row + k + 4 * (k / 32) + 4 * b, 4);
-            aux[4 * b] = d;
-            aux[4 * b + 1] = d * (float)(s[0] + s[1]);
-            aux[4 * b + 2] = d * (float)s[0];
-            aux[4 * b + 3] = d * (float)s[1];
+            const int32_t ss = s[0] + s[1];
+            float *a = aux + 8 * b;
+            a[0] = d;
+            a[1] = d * (float)ss;
+            a[2] = d * (float)s[0];
+            a[3] = d * (float)s[1];
+            memcpy(a + 4, &ss, 4);
+            a[5] = a[6] = a[7] = 0.0f;
         }
     }
 }
@@ -291,7 +301,7 @@ static inline __attribute__((always_inline)) void tile_kernel(const uint8_t *til
                                                               const int8_t *const *aq, const float *const *ax,
                                                               float *const *out, int nvalid, int accumulate,
                                                               const int NT, const int L, const int HALVES,
-                                                              const int SIGNED)
+                                                              const int SIGNED, const int ISHIFT)
 {
     __m256 acc[4];
     for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
@@ -324,9 +334,14 @@ static inline __attribute__((always_inline)) void tile_kernel(const uint8_t *til
         const __m256 off1 = _mm256_loadu_ps((const float *)(const void *)(rec + OFF_OFF + 32));
 #pragma GCC unroll 4
         for (int t = 0; t < NT; t++) {
-            const float *xa = ax[t] + 4 * b;
+            const float *xa = ax[t] + 8 * b;
+            if (ISHIFT) { /* integer offset: - (8 or 16) · Σ q */
+                int32_t ss;
+                memcpy(&ss, xa + 4, 4);
+                i32[t] = _mm256_sub_epi32(i32[t], _mm256_set1_epi32(ss * (1 << ISHIFT)));
+            }
             acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32[t]), _mm256_mul_ps(dw, _mm256_broadcast_ss(xa)), acc[t]);
-            if (!SIGNED) {
+            if (!SIGNED && !ISHIFT) {
                 if (HALVES) {
                     acc[t] = _mm256_fmadd_ps(off0, _mm256_broadcast_ss(xa + 2), acc[t]);
                     acc[t] = _mm256_fmadd_ps(off1, _mm256_broadcast_ss(xa + 3), acc[t]);
@@ -349,23 +364,28 @@ static inline __attribute__((always_inline)) void tile_kernel(const uint8_t *til
     }
 }
 
-#define KDEF(NAME, NT, L, H, S)                                                                          \
+#define KDEF(NAME, NT, L, H, S, I)                                                                       \
     static void NAME(const uint8_t *tile, int64_t nb, const int8_t *const *aq, const float *const *ax,   \
                      float *const *out, int nvalid, int accumulate)                                     \
     {                                                                                                    \
-        tile_kernel(tile, nb, aq, ax, out, nvalid, accumulate, NT, L, H, S);                             \
+        tile_kernel(tile, nb, aq, ax, out, nvalid, accumulate, NT, L, H, S, I);                          \
     }
-#define KDEF4(P, L, H, S) KDEF(P##1, 1, L, H, S) KDEF(P##2, 2, L, H, S) KDEF(P##3, 3, L, H, S) KDEF(P##4, 4, L, H, S)
-KDEF4(k_u4_, 4, 0, 0)
-KDEF4(k_u5_, 4, 0, 0)
-KDEF4(k_u6_, 2, 1, 0)
-KDEF4(k_s8_, 1, 0, 1)
+#define KDEF4(P, L, H, S, I) KDEF(P##1, 1, L, H, S, I) KDEF(P##2, 2, L, H, S, I) KDEF(P##3, 3, L, H, S, I) \
+    KDEF(P##4, 4, L, H, S, I)
+KDEF4(k_u4_, 4, 0, 0, 0)
+KDEF4(k_u5_, 4, 0, 0, 0)
+KDEF4(k_u6_, 2, 1, 0, 0)
+KDEF4(k_s8_, 1, 0, 1, 0)
+KDEF4(k_u4o_, 4, 0, 0, 3)
+KDEF4(k_u5o_, 4, 0, 0, 4)
 
-static const kern_fn KERN[4][4] = {
+static const kern_fn KERN[6][4] = {
     {k_u4_1, k_u4_2, k_u4_3, k_u4_4},
     {k_u5_1, k_u5_2, k_u5_3, k_u5_4},
     {k_u6_1, k_u6_2, k_u6_3, k_u6_4},
     {k_s8_1, k_s8_2, k_s8_3, k_s8_4},
+    {k_u4o_1, k_u4o_2, k_u4o_3, k_u4o_4},
+    {k_u5o_1, k_u5o_2, k_u5o_3, k_u5o_4},
 };
 
 #if defined(__clang__)
@@ -398,7 +418,7 @@ void kvz_qgemm_rows(uint32_t type, const void *w, size_t row_bytes, int64_t nr, 
                 float *out[4];
                 for (int t = 0; t < nt; t++) {
                     aq[t] = (const int8_t *)act_row(act, n, k, t0 + t) + kc0;
-                    ax[t] = act_aux(act, k, t0 + t) + 4 * b0;
+                    ax[t] = act_aux(act, k, t0 + t) + 8 * b0;
                 }
                 for (int64_t i = 0; i < ntile; i++) {
                     for (int t = 0; t < nt; t++) out[t] = y + (size_t)(t0 + t) * (size_t)ldy + 8 * i;
