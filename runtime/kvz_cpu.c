@@ -73,7 +73,9 @@ static size_t linear_work_floats(int n, int in, int nthr)
     const size_t q8 = ((size_t)n * kvz_q8_row_bytes(in) + 3) / 4;
     if (n < KVZ_QGEMM_MIN_TOKENS) return q8 + 16;
     const size_t sg = qgemm_chunk_floats(in);
-    const size_t qg = in % 32 ? 0 : qgemm_act_floats(n, in) + (size_t)nthr * ((kvz_qgemm_panel_bytes(in) + 63) / 64 * 16);
+    /* the panel allowance does not depend on the width: one scratch serves the
+     * products of every width of the layer */
+    const size_t qg = in % 32 ? 0 : qgemm_act_floats(n, in) + (size_t)nthr * (KVZ_QGEMM_PANEL_MAX_BYTES / 4 + 16);
     return (sg > qg ? sg : qg) + 16;
 }
 
@@ -85,7 +87,7 @@ static void linear_qgemm(const kvz_wmat *W, int nw, const int64_t *off, const fl
 {
     uint8_t *act = (uint8_t *)work;
     uint8_t *panels = (uint8_t *)(work + qgemm_act_floats(n, in));
-    const size_t pb = (kvz_qgemm_panel_bytes(in) + 63) / 64 * 64;
+    const size_t pb = KVZ_QGEMM_PANEL_MAX_BYTES + 64;
     /* panels of at most the unpacked budget, and at least 4 per thread in a number
      * that divides among the threads (a 6-panel matrix on 2 threads is 3 + 3; with
      * one short panel it would be 3 + 2 and a tail) */

@@ -48,7 +48,7 @@
 #define OFF_OFF 352
 /* per-thread panel budget: the unpacked tiles stay in L2 while every token group
  * runs over them */
-#define PANEL_BUDGET ((size_t)256 << 10)
+#define PANEL_BUDGET KVZ_QGEMM_PANEL_MAX_BYTES
 /* the k dimension goes in chunks of this many elements (a multiple of 256): a
  * token group's activation bytes of one chunk stay in L1 across the panel's tiles,
  * and the panel holds more rows; the outputs accumulate over the chunks in fp32 */

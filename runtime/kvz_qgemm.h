@@ -40,8 +40,10 @@ size_t kvz_qgemm_act_bytes(int64_t n, int64_t k);
  *  threads; the buffer is complete when all rows are done. */
 void kvz_qgemm_quantize(const float *x, int64_t n, int64_t k, int64_t i0, int64_t i1, void *act);
 
+/** Upper bound of kvz_qgemm_panel_bytes over all k. */
+#define KVZ_QGEMM_PANEL_MAX_BYTES ((size_t)256 << 10)
 /** Weight rows per panel for width @p k (a multiple of 8) and the bytes of the
- *  per-thread panel buffer kvz_qgemm_rows needs. */
+ *  per-thread panel buffer kvz_qgemm_rows needs (<= KVZ_QGEMM_PANEL_MAX_BYTES). */
 int64_t kvz_qgemm_panel_rows(int64_t k);
 size_t kvz_qgemm_panel_bytes(int64_t k);
 

@@ -157,6 +157,10 @@ int main(void)
         test_type(TYPES[i]);
     }
     CHECK(!kvz_qgemm_supported(KVZ_TYPE_F32) && !kvz_qgemm_supported(KVZ_TYPE_Q2_K));
-    CHECK(kvz_qgemm_panel_rows(4864) >= 8 && kvz_qgemm_panel_rows(4864) % 8 == 0);
+    int pbad = 0;
+    for (int64_t k = 32; k <= 20000; k += 32)
+        if (kvz_qgemm_panel_rows(k) < 8 || kvz_qgemm_panel_rows(k) % 8 || kvz_qgemm_panel_bytes(k) > KVZ_QGEMM_PANEL_MAX_BYTES)
+            pbad++;
+    CHECKF(pbad == 0, "%d widths with a bad panel size", pbad);
     return kvz_test_summary();
 }
