@@ -2,9 +2,11 @@
  * backend. Weights are either fp32 (synthetic models, or KVZ f32_weights) or the
  * GGUF's quantized blocks read in place (kvz_qdot): a few tokens at a time
  * (decode) go through int8 dot products on the quantized rows; larger batches
- * dequantize up to 32 MiB of weight rows at a time into a reused buffer and run
- * one multithreaded OpenBLAS SGEMM on it, so prefill keeps the fp32 GEMM speed
- * without an fp32 copy of the model. */
+ * go through the int8 GEMM (kvz_qgemm: activations quantized once, weight rows
+ * unpacked once per panel and multiplied with all tokens), except Q8_0 matrices
+ * and when KVZ_QGEMM=0, which dequantize up to 32 MiB of weight rows at a time
+ * into a reused buffer and run one multithreaded OpenBLAS SGEMM on it. Neither
+ * keeps an fp32 copy of the model. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -15,6 +17,7 @@
 #include "kvz_error.h"
 #include "kvz_model_impl.h"
 #include "kvz_qdot.h"
+#include "kvz_qgemm.h"
 #include "kvz_quant.h"
 #include "kvz_vmath.h"
 
@@ -28,8 +31,8 @@
 #define KVZ_ATTN_KCHUNK 256
 
 /* Batches below this many tokens use int8 dot products on the quantized rows;
- * larger ones dequantize the weights for SGEMM (the dequantization is paid once
- * per weight row and batch, so it amortizes over the tokens). */
+ * larger ones the int8 GEMM or the SGEMM route (the unpacking or dequantization
+ * is paid once per weight row and batch, so it amortizes over the tokens). */
 #define KVZ_QGEMM_MIN_TOKENS 16
 /* A batched pass dequantizes up to this many weight floats (32 MiB, in the
  * scratch it shares with attention) and runs one multithreaded SGEMM on them:
@@ -47,13 +50,72 @@ static size_t qgemm_chunk_floats(int in)
     return KVZ_QGEMM_CHUNK_FLOATS > min ? KVZ_QGEMM_CHUNK_FLOATS : min;
 }
 
-/* Scratch floats linear() needs for n tokens of input width in (nthr: unused, the
- * bound does not grow with the threads). */
+/* Batched passes multiply the quantized rows with int8 activations (kvz_qgemm)
+ * when every matrix's type allows it and the CPU has AVX2; KVZ_QGEMM=0 selects
+ * the dequantize + SGEMM route instead (A/B, fallback). */
+static int qgemm_on(void)
+{
+    const char *e = getenv("KVZ_QGEMM"); /* read per product (outside the parallel region): tests switch it */
+    return !(e && !strcmp(e, "0")) && kvz_qgemm_available();
+}
+
+/* Weight types that go through the int8 GEMM in batched passes. Q8_0 does not:
+ * its signed bytes need the sign trick and an int32 step per 4 elements, which
+ * made it 0.4x the SGEMM route (bench/qdot_bench_gemm). */
+static int qgemm_route(uint32_t type) { return kvz_qgemm_supported(type) && type != KVZ_TYPE_Q8_0; }
+
+static size_t qgemm_act_floats(int n, int in) { return (kvz_qgemm_act_bytes(n, in) + 63) / 64 * 16; }
+
+/* Scratch floats linear() needs for n tokens of input width in with nthr threads
+ * (the larger of the two batched routes, so that either can run). */
 static size_t linear_work_floats(int n, int in, int nthr)
 {
-    (void)nthr;
     const size_t q8 = ((size_t)n * kvz_q8_row_bytes(in) + 3) / 4;
-    return (n < KVZ_QGEMM_MIN_TOKENS ? q8 : qgemm_chunk_floats(in)) + 16;
+    if (n < KVZ_QGEMM_MIN_TOKENS) return q8 + 16;
+    const size_t sg = qgemm_chunk_floats(in);
+    /* the panel allowance does not depend on the width: one scratch serves the
+     * products of every width of the layer */
+    const size_t qg = in % 32 ? 0 : qgemm_act_floats(n, in) + (size_t)nthr * (KVZ_QGEMM_PANEL_MAX_BYTES / 4 + 16);
+    return (sg > qg ? sg : qg) + 16;
+}
+
+/* The int8 GEMM route of linear(): activations quantized once (rows split across
+ * the threads), then panels of weight rows handed out as threads ask, each
+ * unpacked once into the thread's panel buffer and multiplied with all n tokens. */
+static void linear_qgemm(const kvz_wmat *W, int nw, const int64_t *off, const float *x, int n, int in, float *y,
+                         int ldy, int accumulate, float *work)
+{
+    uint8_t *act = (uint8_t *)work;
+    uint8_t *panels = (uint8_t *)(work + qgemm_act_floats(n, in));
+    const size_t pb = KVZ_QGEMM_PANEL_MAX_BYTES + 64;
+    /* panels of at most the unpacked budget, and at least 4 per thread in a number
+     * that divides among the threads (a 6-panel matrix on 2 threads is 3 + 3; with
+     * one short panel it would be 3 + 2 and a tail) */
+    const int nthr = omp_get_max_threads();
+    int64_t total = 0;
+    for (int k = 0; k < nw; k++) total += W[k].rows;
+    const int64_t pmax = kvz_qgemm_panel_rows(in);
+    int64_t ntask = (total + pmax - 1) / pmax;
+    if (ntask < 4 * (int64_t)nthr) ntask = 4 * (int64_t)nthr;
+    ntask = (ntask + nthr - 1) / nthr * nthr;
+    int64_t P = ((total + ntask - 1) / ntask + 7) / 8 * 8;
+    if (P > pmax) P = pmax;
+    int64_t first[5] = {0}; /* first task of matrix k */
+    for (int k = 0; k < nw; k++) first[k + 1] = first[k] + (W[k].rows + P - 1) / P;
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int i = 0; i < n; i++) kvz_qgemm_quantize(x, n, in, i, i + 1, act);
+        uint8_t *panel = panels + (size_t)omp_get_thread_num() * pb;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < first[nw]; task++) {
+            int k = 0;
+            while (task >= first[k + 1]) k++;
+            const int64_t r0 = (task - first[k]) * P, nr = W[k].rows - r0 < P ? W[k].rows - r0 : P;
+            kvz_qgemm_rows(W[k].type, (const uint8_t *)W[k].data + (size_t)r0 * W[k].row_bytes, W[k].row_bytes, nr,
+                           in, act, n, y + off[k] + r0, ldy, accumulate, panel);
+        }
+    }
 }
 
 /* y (n, ·) = x (n, in) · [W_0; W_1; ..]ᵀ: the outputs of matrix k land in columns
@@ -101,6 +163,21 @@ static void linear(const kvz_wmat *W, int nw, const float *x, int n, int in, flo
             }
         }
         return;
+    }
+    if (in % 32 == 0 && qgemm_on()) {
+        /* the matrices the int8 GEMM is faster on in one call, the others one by one
+         * through the SGEMM route below */
+        kvz_wmat Wq[3];
+        int64_t oq[3];
+        int nq = 0;
+        for (int k = 0; k < nw; k++)
+            if (qgemm_route(W[k].type)) { Wq[nq] = W[k]; oq[nq++] = off[k]; }
+        if (nq) {
+            linear_qgemm(Wq, nq, oq, x, n, in, y, ldy, beta != 0.0f, work);
+            for (int k = 0; k < nw && nq < nw; k++)
+                if (!qgemm_route(W[k].type)) linear(&W[k], 1, x, n, in, y + off[k], ldy, beta, work);
+            return;
+        }
     }
     /* the rows of all matrices, in equal chunks (multiples of 16 rows) that fit the
      * scratch; each chunk: dequantize in parallel, then one multithreaded SGEMM */

@@ -181,9 +181,49 @@ static inline void gl_check_quant(kvz_model *mq, kvz_model *mf, gl_golden *g, fl
         kvz_kv *kv, *kf;
         if (kvz_kv_create(mq, n + GL_GEN, 0, &kv)) { CHECK(0); free(logits); return; }
         if (kvz_kv_create(mf, n + GL_GEN, 0, &kf)) { CHECK(0); kvz_kv_free(kv); free(logits); return; }
-        /* batched (tile-dequant SGEMM) path vs HF */
+        /* batched passes, dequantize + SGEMM route (KVZ_QGEMM=0) vs HF */
+        setenv("KVZ_QGEMM", "0", 1);
         CHECK(kvz_forward(mq, kv, q->ids, (int32_t)n, 0, logits, KVZ_FWD_LOGITS_ALL, NULL) == 0);
-        gl_check_prefill(mq, g, k, logits, abs_tol, rel_tol, "quant-prefill");
+        unsetenv("KVZ_QGEMM");
+        gl_check_prefill(mq, g, k, logits, abs_tol, rel_tol, "quant-prefill sgemm");
+        /* the default route, int8 GEMM (int8 activations like decode), vs the SGEMM
+         * route: on the last 8 positions (those the decode check below measures) within
+         * the decode tolerances; no argmax flip at a clear gap on any position; the
+         * figures over all positions are printed (the first positions of a prompt,
+         * with flat logits, have larger relative errors) */
+        {
+            float *l8 = malloc(sizeof(float) * (size_t)n * nv), pmax = 0, amax = 0;
+            double prel = 0, arel = 0;
+            int pflip = 0;
+            kvz_kv_truncate(kv, 0);
+            CHECK(l8 && kvz_forward(mq, kv, q->ids, (int32_t)n, 0, l8, KVZ_FWD_LOGITS_ALL, NULL) == 0);
+            for (uint32_t i = 0; l8 && i < n; i++) {
+                const float *ref = logits + (size_t)i * nv, *got = l8 + (size_t)i * nv;
+                double num = 0, den = 0;
+                float dm = 0;
+                for (uint32_t v = 0; v < nv; v++) {
+                    const float d = got[v] - ref[v];
+                    dm = fmaxf(dm, fabsf(d));
+                    num += (double)d * d;
+                    den += (double)ref[v] * ref[v];
+                }
+                amax = fmaxf(amax, dm);
+                arel = fmax(arel, sqrt(num / den));
+                if (i + 8 >= n) {
+                    pmax = fmaxf(pmax, dm);
+                    prel = fmax(prel, sqrt(num / den));
+                }
+                float gap;
+                if (gl_argmax(got, nv, NULL) != gl_argmax(ref, nv, &gap) && gap >= dec_tol) pflip++;
+            }
+            printf("quant prompt %u: int8 GEMM prefill vs SGEMM route: last 8 positions max |dlogit| = %.3g, "
+                   "rel L2 <= %.3g; all %u positions %.3g, %.3g; argmax flips at a clear gap %d\n", k, pmax, prel,
+                   n, amax, arel, pflip);
+            CHECKF(pmax <= dec_tol, "quant prompt %u: int8 prefill max |dlogit| %g > %g", k, pmax, dec_tol);
+            CHECKF(prel <= dec_rel, "quant prompt %u: int8 prefill rel L2 %g > %g", k, prel, dec_rel);
+            CHECK(pflip == 0);
+            free(l8);
+        }
         /* int8 decode steps vs the one-shot logits (same quantized weights, fp32 math) */
         kvz_kv_truncate(kv, 0);
         CHECK(kvz_forward(mq, kv, q->ids, (int32_t)n - 8, 0, NULL, KVZ_FWD_NO_LOGITS, NULL) == 0);

@@ -78,6 +78,11 @@ static int prefill_rows(kvz_model *m, const kvz_tokens *pre, const kvz_tokens *d
 
 int main(void)
 {
+    /* batched passes on the SGEMM route (KVZ_QGEMM=0): stored vs in-memory composition within
+     * 1e-3 (and an off-by-one caught by 1e3x) are fp32 bounds; the int8 GEMM's activation
+     * rounding moves them by int8 noise (test_forward_quant/_qwen bound it; bench/RESULTS.md,
+     * int8 GEMM section) */
+    setenv("KVZ_QGEMM", "0", 1);
     char dir[] = "/tmp/kvz_test_compose_mem_XXXXXX";
     REQUIRE(mkdtemp(dir) != NULL);
     kvz_model *m;

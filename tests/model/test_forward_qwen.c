@@ -19,7 +19,12 @@
  * relative L2 0.016 / 0.014 (allowed: 1.0 and 0.05), greedy identical to HF (64/64).
  * With the super-block Q4_K/Q6_K dots (branch qwen-decode): int8 decode 0.259 /
  * 0.308, rel L2 0.015 / 0.017; greedy 64/64 on prompt 0, prompt 1 diverges at step
- * 35 on a near-tie (fp32 top-2 gap 0.047), which the check allows. */
+ * 35 on a near-tie (fp32 top-2 gap 0.047), which the check allows.
+ * With the int8 GEMM for batched passes (kvz_qgemm; the SGEMM route, KVZ_QGEMM=0,
+ * keeps the fp32 bounds): int8 prefill vs SGEMM route, last 8 positions max
+ * |dlogit| 0.21-0.36, rel L2 0.020-0.022 (all positions 0.34-0.36); int8 decode
+ * 0.26-0.37; greedy 64/64 on both prompts, or (Q5_0 offset in int32) prompt 1
+ * diverging at step 43 on a near-tie (fp32 top-2 gap 0.013) (2026-12-02). */
 #include <stdlib.h>
 #include <unistd.h>
 

@@ -21,6 +21,11 @@ static uint32_t rd_u32(const uint8_t **p) { uint32_t v; memcpy(&v, *p, 4); *p +=
 
 int main(void)
 {
+    /* batched passes on the SGEMM route (KVZ_QGEMM=0): scores within 5e-4 / 1e-4 of HF float64
+     * and 99 % kept-set overlap are fp32 bounds; the int8 GEMM's activation rounding moves
+     * them by int8 noise (test_forward_quant/_qwen bound it; bench/RESULTS.md, int8 GEMM
+     * section) */
+    setenv("KVZ_QGEMM", "0", 1);
     char path[1024];
     size_t glen;
     uint8_t *g = (uint8_t *)kvz_test_read_file(

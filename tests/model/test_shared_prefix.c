@@ -42,6 +42,10 @@ static const char *DOC_B = "Invoices above 4,800 euros need a second signature f
 
 int main(void)
 {
+    /* batched passes on the SGEMM route (KVZ_QGEMM=0): reused-prefix vs fresh-prefill logits
+     * within 1e-3 are fp32 bounds; the int8 GEMM's activation rounding moves them by int8
+     * noise (test_forward_quant/_qwen bound it; bench/RESULTS.md, int8 GEMM section) */
+    setenv("KVZ_QGEMM", "0", 1);
     char dir[] = "/tmp/kvz_test_prefix_XXXXXX";
     REQUIRE(mkdtemp(dir) != NULL);
     kvz_model *m;
