@@ -25,30 +25,8 @@ static _Noreturn void oom(void)
     exit(EXIT_FAIL);
 }
 
-/* ---- the library's reports, printed ---- */
-static int g_bar, g_lines; /* progress bar on stderr (a tty); one line per part */
-
-static void on_corpus(void *user, const kvz_corpus_event *e)
-{
-    (void)user;
-    kvz_ingest_report_corpus_event(stderr, cli_prog, e);
-}
-
-static void on_batch(void *user, const kvz_batch_event *e)
-{
-    (void)user;
-    if (g_bar && (e->what == KVZ_BATCH_PART || e->what == KVZ_BATCH_NOT_TRIED)) fprintf(stderr, "\r\033[K");
-    if (e->rc || g_lines) kvz_ingest_report_batch_event(stderr, cli_prog, e);
-}
-
-static void on_progress(void *user, const char *id, int64_t cur, int64_t total, double el)
-{
-    (void)user;
-    if (!g_bar) return;
-    kvz_ingest_report_progress(stderr, id, cur, total, el);
-    fflush(stderr);
-}
-
+/* the library's reports, printed on stderr (bar and lines set per run) */
+static kvz_ingest_term g_term;
 
 /* ---- options ---- */
 typedef struct ingest_args {
@@ -143,7 +121,8 @@ static kvz_batch_opts batch_opts(const ingest_args *a)
 {
     return (kvz_batch_opts){.ingest = a->o, .store_path = cli_store_path(a->store),
                             .max_map = (uint64_t)a->max_map, .part_tokens = (int32_t)a->part_tokens,
-                            .report = on_batch, .progress = on_progress};
+                            .report = kvz_ingest_report_on_batch, .progress = kvz_ingest_report_on_progress,
+                            .user = &g_term};
 }
 
 static int ingest_local(kvz_corpus *c, const ingest_args *a)
@@ -153,8 +132,8 @@ static int ingest_local(kvz_corpus *c, const ingest_args *a)
     if (!m) return ex;
     const kvz_batch_opts bo = batch_opts(a);
     kvz_batch_stats s;
-    g_bar = isatty(2) && !a->quiet && !a->json;
-    g_lines = !a->quiet && !a->json;
+    g_term.bar = isatty(2) && !a->quiet && !a->json;
+    g_term.lines = !a->quiet && !a->json;
     const int rc = kvz_batch_run(m, c, &bo, &s, &ran);
     if (rc == KVZ_ERR_NOMEM) oom();
     if (rc) cli_error(rc, "cannot open store %s", bo.store_path);
@@ -188,7 +167,7 @@ static int run_worker(kvz_claims *claims, const ingest_args *a)
     if (!m) return ex;
     const kvz_batch_opts bo = batch_opts(a);
     kvz_batch *b;
-    g_lines = !a->quiet; /* lines reach the parent also under --json */
+    g_term.lines = !a->quiet; /* lines reach the parent also under --json */
     int rc = kvz_batch_open(m, &bo, &b);
     if (rc) {
         cli_error(rc, "cannot open store %s", bo.store_path);
@@ -196,7 +175,7 @@ static int run_worker(kvz_claims *claims, const ingest_args *a)
         return cli_store_exit(rc);
     }
     kvz_corpus rep; /* reports (and counts) the files this worker skips or cannot read */
-    kvz_corpus_init(&rep, on_corpus, NULL);
+    kvz_corpus_init(&rep, kvz_ingest_report_on_corpus, &g_term);
     size_t n_taken;
     kvz_batch_stats s;
     kvz_workers_take(b, m, claims, &rep, &n_taken);
@@ -252,6 +231,7 @@ static int run_workers(const kvz_corpus *c, int argc, char **argv, ingest_args *
 int main(int argc, char **argv)
 {
     cli_init("kvzip-ingest", argv);
+    g_term = (kvz_ingest_term){stderr, cli_prog, 0, 0};
     ingest_args a;
     const char **inputs = calloc((size_t)argc, sizeof *inputs);
     if (!inputs) oom();
@@ -286,7 +266,7 @@ int main(int argc, char **argv)
     /* the document list: nothing below reads a file or loads the model until every id
      * of this shard is known to be valid and unique */
     kvz_corpus c;
-    kvz_corpus_init(&c, on_corpus, NULL);
+    kvz_corpus_init(&c, kvz_ingest_report_on_corpus, &g_term);
     for (int i = 0; i < ni; i++) {
         const int rc = kvz_corpus_add(&c, inputs[i], a.id, a.path_ids);
         if (rc == KVZ_ERR_ARG) cli_usage_error("--id takes a FILE, not a folder");

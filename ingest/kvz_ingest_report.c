@@ -195,3 +195,24 @@ void kvz_ingest_report_worker_line(FILE *f, int w, const char *device, const cha
 {
     fprintf(f, "[w%d %s] %s  (%llu/%zu handed out)\n", w, device, line, (unsigned long long)claimed, n_docs);
 }
+
+void kvz_ingest_report_on_corpus(void *term, const kvz_corpus_event *e)
+{
+    const kvz_ingest_term *t = term;
+    kvz_ingest_report_corpus_event(t->f, t->prog, e);
+}
+
+void kvz_ingest_report_on_batch(void *term, const kvz_batch_event *e)
+{
+    const kvz_ingest_term *t = term;
+    if (t->bar && (e->what == KVZ_BATCH_PART || e->what == KVZ_BATCH_NOT_TRIED)) fprintf(t->f, "\r\033[K");
+    if (e->rc || t->lines) kvz_ingest_report_batch_event(t->f, t->prog, e);
+}
+
+void kvz_ingest_report_on_progress(void *term, const char *id, int64_t done, int64_t total, double seconds)
+{
+    const kvz_ingest_term *t = term;
+    if (!t->bar) return;
+    kvz_ingest_report_progress(t->f, id, done, total, seconds);
+    fflush(t->f);
+}

@@ -35,6 +35,19 @@ void kvz_ingest_report_corpus_event(FILE *f, const char *prog, const kvz_corpus_
  *  reported once). */
 void kvz_ingest_report_batch_event(FILE *f, const char *prog, const kvz_batch_event *e);
 
+/** The terminal side of an ingest run, as the modules' callbacks: give
+ *  kvz_ingest_report_on_corpus (kvz_corpus_init), _on_batch and _on_progress
+ *  (kvz_batch_opts) a kvz_ingest_term as their user pointer. */
+typedef struct kvz_ingest_term {
+    FILE *f;          /**< stderr */
+    const char *prog; /**< "kvzip-ingest" */
+    int bar;          /**< a progress bar on f (a terminal); cleared before each part line */
+    int lines;        /**< one line per part (errors are printed either way) */
+} kvz_ingest_term;
+void kvz_ingest_report_on_corpus(void *term, const kvz_corpus_event *e);
+void kvz_ingest_report_on_batch(void *term, const kvz_batch_event *e);
+void kvz_ingest_report_on_progress(void *term, const char *id, int64_t done, int64_t total, double seconds);
+
 /** The progress bar, one terminal line that starts with a carriage return (no
  *  newline): a 30-cell bar, percent, @p done / @p total tokens, tokens/s and time left after @p seconds,
  *  and the current @p id (cut to 32 columns). */
