@@ -160,6 +160,16 @@ static int bad_rows(const kvz_blob_meta *m, uint32_t l, uint64_t kept, uint64_t 
                          (unsigned long long)(isv ? bad - kept : bad), kvz_kv_dtype_name(m->dtype));
 }
 
+/* A LAYER record that is not in the store although the META record read in the same
+ * transaction names it: the store is damaged (a B-tree key lost, e.g.), not a missing
+ * document (KVZ_ERR_FORMAT: exit 5, like every other damage the loader finds). */
+static int missing(int prefix, uint32_t l)
+{
+    return kvz_error_set(KVZ_ERR_FORMAT, prefix ? "its shared prefix blob has no layer %u (store damaged)"
+                                                : "its META record names layer %u, which is not in the store "
+                                                  "(store damaged)", l);
+}
+
 int kvz_load_record_peek(kvz_load_reader *w, uint32_t l, const uint8_t hash[16], kvz_load_at at, const uint8_t **rec)
 {
     *rec = NULL;
@@ -170,6 +180,7 @@ int kvz_load_record_peek(kvz_load_reader *w, uint32_t l, const uint8_t hash[16],
     const double t0 = kvz_now();
     int rc = at.len >= sizeof hdr ? kvz_store_map_peek(w->r, hash, l, at.len, &r, &len, hdr, sizeof hdr) : 0;
     w->pf.hash_s += kvz_now() - t0;
+    if (rc == KVZ_ERR_NOTFOUND) return missing(0, l);
     if (rc) return rc;
     if (!r || kvz_blob_header_codec(hdr) != KVZ_BLOB_CODEC_NONE) return KVZ_ERR_UNSUPPORTED; /* the other routes */
     *rec = r;
@@ -197,6 +208,7 @@ int kvz_load_record_mapped(kvz_load_reader *w, const kvz_blob_meta *m, const uin
     const double t0 = kvz_now();
     int rc = kvz_store_map_layer(w->r, hash, l, at.len, &r, &len, on_map_piece, &mp);
     w->pf.hash_s += kvz_now() - t0;
+    if (rc == KVZ_ERR_NOTFOUND) return missing(0, l);
     if (rc) return rc;
     if (!r) return KVZ_ERR_UNSUPPORTED; /* not a codec-none record: the other routes */
     const double t1 = kvz_now();
@@ -266,14 +278,13 @@ int kvz_load_record(kvz_load_reader *w, const kvz_blob_meta *m, const uint8_t ha
             }
             if (!rc) rc = KVZ_ERR_UNSUPPORTED; /* changed under us? the map route says */
         }
-        if (rc == KVZ_ERR_NOTFOUND && prefix)
-            return kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
+        if (rc == KVZ_ERR_NOTFOUND) return missing(prefix, l);
         if (rc != KVZ_ERR_UNSUPPORTED) return rc;
     }
     const double t0 = kvz_now();
     const uint8_t *rec;
     rc = prefix ? kvz_store_read_prefix(w->r, hash, l, &rec, &len) : kvz_store_read_layer(w->r, hash, l, &rec, &len);
-    if (rc == KVZ_ERR_NOTFOUND && prefix) return kvz_error_set(KVZ_ERR_FORMAT, "its shared prefix blob has no layer %u", l);
+    if (rc == KVZ_ERR_NOTFOUND) return missing(prefix, l);
     if (!rc) rc = kvz_blob_decode_layer(m, l, rec, len, (uint32_t *)(dst + at.pos), dst + at.k, dst + at.v);
     pf->map_s += kvz_now() - t0;
     pf->records_mapped++;

@@ -39,6 +39,7 @@
 #include "kvz_quant.h"
 #include "kvz_rope_shift.h"
 #include "kvz_store.h"
+#include <lmdb.h>
 #include <xxhash.h>
 
 #define NP 5   /* system-prefix tokens */
@@ -825,6 +826,39 @@ static int run(int device)
     if (device == KVZ_DEVICE_CPU) { /* every pin of the recording pinner is undone by the close (or a resize) */
         printf("  %s pins live before close: %d, after: %d\n", dev, live, pins_live());
         CHECK(g_npin >= 1 && pins_live() == 0);
+    }
+    { /* a layer record gone from the B-tree (a damaged key) while the META names it: store
+       * damaged (KVZ_ERR_FORMAT, exit 5), not "no document", on every route */
+        REQUIRE(kvz_store_open(dir, 0, 0, fp, &st) == 0);
+        doc d;
+        make_doc(&d, L, H, hd, KVZ_KV_Q8);
+        kvz_blob_meta bm;
+        meta_of(m, KVZ_KV_Q8, KVZ_PREFIX_KEEP, NP, NC, NULL, &bm);
+        const uint8_t hl[16] = {7, 7, (uint8_t)device};
+        CHECK(put_blob(st, "lost-layer", hl, &bm, &d, 0, NULL, NULL) == 0);
+        free_doc(&d, L);
+        kvz_store_close(st);
+        MDB_env *env = NULL;
+        MDB_txn *txn = NULL;
+        MDB_dbi dbi;
+        uint8_t key[20];
+        memcpy(key, hl, 16);
+        key[16] = key[17] = key[18] = 0;
+        key[19] = 1; /* layer 1, big-endian (store/kvz_store.c make_key) */
+        MDB_val k = {sizeof key, key};
+        int del = mdb_env_create(&env) || mdb_env_set_maxdbs(env, 8) || mdb_env_open(env, dir, 0, 0644) ||
+                  mdb_txn_begin(env, NULL, 0, &txn) || mdb_dbi_open(txn, "blobs", 0, &dbi) ||
+                  mdb_del(txn, dbi, &k, NULL) || mdb_txn_commit(txn);
+        if (env) mdb_env_close(env);
+        CHECK(del == 0);
+        REQUIRE(kvz_store_open(dir, 0, 0, fp, &st) == 0);
+        for (int route = 0; route < 3; route++) {
+            kvz_load_opts lo = {.threads = 2, .map_only = route == 1, .direct = route == 2, .direct_min = 1};
+            int rc = kvz_load_doc(m, st, "lost-layer", 0, 0, &lo, &kv, &dm);
+            printf("  %s layer record deleted, route %d: %s (%s)\n", dev, route, kvz_strerror(rc), kvz_error_detail());
+            CHECK(rc == KVZ_ERR_FORMAT && kv == NULL && strstr(kvz_error_detail(), "layer record 1"));
+        }
+        kvz_store_close(st);
     }
     kvz_model_free(m);
     char cmd[96];
