@@ -84,25 +84,6 @@ int kvz_qdot_supported(uint32_t t)
     }
 }
 
-static inline float h2f(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return kvz_fp16_to_fp32(h);
-}
-
-/* 6-bit scale and min of k-quant sub-block j (0..7) from the 12 packed bytes. */
-static inline void kq_scale_min(int j, const uint8_t *q, int *sc, int *m)
-{
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
 /* ------------------------------------------------------------------------ */
 /* scalar reference: raw quants u[32] and (A, B) per half of activation block b */
 
@@ -112,7 +93,7 @@ static void ref_block(uint32_t t, const uint8_t *w, int64_t b, int u[32], float 
     case KVZ_TYPE_Q8_0: {
         const uint8_t *x = w + 34 * b;
         for (int i = 0; i < 32; i++) u[i] = (int8_t)x[2 + i];
-        A[0] = A[1] = h2f(x);
+        A[0] = A[1] = kvz_quant_f16(x);
         B[0] = B[1] = 0.0f;
         break;
     }
@@ -120,8 +101,8 @@ static void ref_block(uint32_t t, const uint8_t *w, int64_t b, int u[32], float 
         const int o = t == KVZ_TYPE_Q4_0 ? 2 : 4;
         const uint8_t *x = w + (t == KVZ_TYPE_Q4_0 ? 18 : 20) * b;
         for (int i = 0; i < 16; i++) { u[i] = x[o + i] & 15; u[i + 16] = x[o + i] >> 4; }
-        A[0] = A[1] = h2f(x);
-        B[0] = B[1] = t == KVZ_TYPE_Q4_0 ? -8.0f * h2f(x) : h2f(x + 2);
+        A[0] = A[1] = kvz_quant_f16(x);
+        B[0] = B[1] = t == KVZ_TYPE_Q4_0 ? -8.0f * kvz_quant_f16(x) : kvz_quant_f16(x + 2);
         break;
     }
     case KVZ_TYPE_Q5_0: case KVZ_TYPE_Q5_1: {
@@ -133,8 +114,8 @@ static void ref_block(uint32_t t, const uint8_t *w, int64_t b, int u[32], float 
             u[i] = (x[o + 4 + i] & 15) | (int)(((qh >> i) & 1) << 4);
             u[i + 16] = (x[o + 4 + i] >> 4) | (int)(((qh >> (i + 16)) & 1) << 4);
         }
-        A[0] = A[1] = h2f(x);
-        B[0] = B[1] = t == KVZ_TYPE_Q5_0 ? -16.0f * h2f(x) : h2f(x + 2);
+        A[0] = A[1] = kvz_quant_f16(x);
+        B[0] = B[1] = t == KVZ_TYPE_Q5_0 ? -16.0f * kvz_quant_f16(x) : kvz_quant_f16(x + 2);
         break;
     }
     case KVZ_TYPE_Q4_K: case KVZ_TYPE_Q5_K: {
@@ -146,9 +127,9 @@ static void ref_block(uint32_t t, const uint8_t *w, int64_t b, int u[32], float 
             if (t == KVZ_TYPE_Q5_K) u[i] |= ((x[16 + i] >> j) & 1) << 4;
         }
         int sc, m;
-        kq_scale_min(j, x + 4, &sc, &m);
-        A[0] = A[1] = h2f(x) * (float)sc;
-        B[0] = B[1] = -h2f(x + 2) * (float)m;
+        kvz_kq_scale_min(j, x + 4, &sc, &m);
+        A[0] = A[1] = kvz_quant_f16(x) * (float)sc;
+        B[0] = B[1] = -kvz_quant_f16(x + 2) * (float)m;
         break;
     }
     case KVZ_TYPE_Q6_K: {
@@ -158,7 +139,7 @@ static void ref_block(uint32_t t, const uint8_t *w, int64_t b, int u[32], float 
         const int8_t *sc = (const int8_t *)(x + 192) + 8 * half + 2 * g;
         for (int i = 0; i < 32; i++)
             u[i] = (g >> 1 ? ql[i] >> 4 : ql[i] & 15) | (((qh[i] >> (2 * g)) & 3) << 4);
-        const float d = h2f(x + 208);
+        const float d = kvz_quant_f16(x + 208);
         for (int h = 0; h < 2; h++) { A[h] = d * (float)sc[h]; B[h] = -32.0f * A[h]; }
         break;
     }
@@ -288,7 +269,7 @@ static inline void up_q4_k(UNPACK_ARGS)
     const __m256i v = _mm256_loadu_si256((const __m256i *)(x + 16 + 32 * (j >> 1)));
     *wv = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
     int sc, m;
-    kq_scale_min(j, x + 4, &sc, &m);
+    kvz_kq_scale_min(j, x + 4, &sc, &m);
     const float da = q8_d(a, b);
     *sv = _mm256_set1_epi16((short)sc);
     *fs = h2f_x86(x) * da;
@@ -304,7 +285,7 @@ static inline void up_q5_k(UNPACK_ARGS)
     *wv = _mm256_or_si256(_mm256_and_si256(j & 1 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15)),
                           _mm256_slli_epi16(hb, 4));
     int sc, m;
-    kq_scale_min(j, x + 4, &sc, &m);
+    kvz_kq_scale_min(j, x + 4, &sc, &m);
     const float da = q8_d(a, b);
     *sv = _mm256_set1_epi16((short)sc);
     *fs = h2f_x86(x) * da;
@@ -384,7 +365,7 @@ static float dot2_q4_k_sb(const uint8_t *w, const void *q8, int64_t n)
     for (int64_t sb = 0; sb < n / 256; sb++) {
         const uint8_t *x = w + 144 * sb;
         int32_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++) kq_scale_min(j, x + 4, &sc[j], &mn[j]);
+        for (int j = 0; j < 8; j++) kvz_kq_scale_min(j, x + 4, &sc[j], &mn[j]);
         const __m256 da = _mm256_loadu_ps((const float *)(const void *)(a.d + 4 * 8 * sb));
         float fs[8];
         _mm256_storeu_ps(fs, _mm256_mul_ps(_mm256_set1_ps(h2f_x86(x)), da));

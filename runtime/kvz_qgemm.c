@@ -122,24 +122,6 @@ void kvz_qgemm_quantize(const float *x, int64_t n, int64_t k, int64_t i0, int64_
 /* ------------------------------------------------------------------------ */
 /* weight blocks                                                            */
 
-static inline float h2f(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return kvz_fp16_to_fp32(h);
-}
-
-static inline void kq_scale_min(int j, const uint8_t *q, int *sc, int *m)
-{
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
 /* Block b of a row: integer scales isc, block scale dw and offsets off per half
  * (the raw quants come from unpack_u below). */
 static void block_scales(uint32_t t, const uint8_t *w, int64_t b, int isc[2], float *dw, float off[2])
@@ -147,25 +129,25 @@ static void block_scales(uint32_t t, const uint8_t *w, int64_t b, int isc[2], fl
     isc[0] = isc[1] = 1;
     off[0] = off[1] = 0.0f;
     switch (t) {
-    case KVZ_TYPE_Q8_0: *dw = h2f(w + 34 * b); break;
-    case KVZ_TYPE_Q4_0: *dw = h2f(w + 18 * b); off[0] = off[1] = -8.0f * *dw; break;
-    case KVZ_TYPE_Q4_1: *dw = h2f(w + 20 * b); off[0] = off[1] = h2f(w + 20 * b + 2); break;
-    case KVZ_TYPE_Q5_0: *dw = h2f(w + 22 * b); off[0] = off[1] = -16.0f * *dw; break;
-    case KVZ_TYPE_Q5_1: *dw = h2f(w + 24 * b); off[0] = off[1] = h2f(w + 24 * b + 2); break;
+    case KVZ_TYPE_Q8_0: *dw = kvz_quant_f16(w + 34 * b); break;
+    case KVZ_TYPE_Q4_0: *dw = kvz_quant_f16(w + 18 * b); off[0] = off[1] = -8.0f * *dw; break;
+    case KVZ_TYPE_Q4_1: *dw = kvz_quant_f16(w + 20 * b); off[0] = off[1] = kvz_quant_f16(w + 20 * b + 2); break;
+    case KVZ_TYPE_Q5_0: *dw = kvz_quant_f16(w + 22 * b); off[0] = off[1] = -16.0f * *dw; break;
+    case KVZ_TYPE_Q5_1: *dw = kvz_quant_f16(w + 24 * b); off[0] = off[1] = kvz_quant_f16(w + 24 * b + 2); break;
     case KVZ_TYPE_Q4_K: case KVZ_TYPE_Q5_K: {
         const uint8_t *x = w + (t == KVZ_TYPE_Q4_K ? 144 : 176) * (b >> 3);
         int sc, m;
-        kq_scale_min((int)(b & 7), x + 4, &sc, &m);
+        kvz_kq_scale_min((int)(b & 7), x + 4, &sc, &m);
         isc[0] = isc[1] = sc;
-        *dw = h2f(x);
-        off[0] = off[1] = -h2f(x + 2) * (float)m;
+        *dw = kvz_quant_f16(x);
+        off[0] = off[1] = -kvz_quant_f16(x + 2) * (float)m;
         break;
     }
     case KVZ_TYPE_Q6_K: {
         const int j = (int)(b & 7);
         const uint8_t *x = w + 210 * (b >> 3);
         const int8_t *sc = (const int8_t *)(x + 192) + 2 * j;
-        *dw = h2f(x + 208);
+        *dw = kvz_quant_f16(x + 208);
         for (int h = 0; h < 2; h++) { isc[h] = sc[h]; off[h] = -32.0f * (*dw * (float)sc[h]); }
         break;
     }

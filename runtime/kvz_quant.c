@@ -144,20 +144,13 @@ uint16_t kvz_fp32_to_bf16(float f)
     return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
-static inline float ld_f16(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return kvz_fp16_to_fp32(h);
-}
-
 /* ------------------------------------------------------------------------ */
 /* Legacy 32-element blocks                                                 */
 
 static void deq_q4_0(const uint8_t *x, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += 18, y += QK) {
-        const float d = ld_f16(x);
+        const float d = kvz_quant_f16(x);
         const uint8_t *qs = x + 2;
         for (int j = 0; j < QK / 2; j++) {
             y[j] = (float)((qs[j] & 0x0f) - 8) * d;
@@ -169,7 +162,7 @@ static void deq_q4_0(const uint8_t *x, float *y, int64_t nb)
 static void deq_q4_1(const uint8_t *x, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += 20, y += QK) {
-        const float d = ld_f16(x), m = ld_f16(x + 2);
+        const float d = kvz_quant_f16(x), m = kvz_quant_f16(x + 2);
         const uint8_t *qs = x + 4;
         for (int j = 0; j < QK / 2; j++) {
             y[j] = (float)(qs[j] & 0x0f) * d + m;
@@ -181,7 +174,7 @@ static void deq_q4_1(const uint8_t *x, float *y, int64_t nb)
 static void deq_q5_0(const uint8_t *x, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += 22, y += QK) {
-        const float d = ld_f16(x);
+        const float d = kvz_quant_f16(x);
         uint32_t qh;
         memcpy(&qh, x + 2, 4); /* bit j = 5th bit of element j */
         const uint8_t *qs = x + 6;
@@ -197,7 +190,7 @@ static void deq_q5_0(const uint8_t *x, float *y, int64_t nb)
 static void deq_q5_1(const uint8_t *x, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += 24, y += QK) {
-        const float d = ld_f16(x), m = ld_f16(x + 2);
+        const float d = kvz_quant_f16(x), m = kvz_quant_f16(x + 2);
         uint32_t qh;
         memcpy(&qh, x + 4, 4);
         const uint8_t *qs = x + 8;
@@ -213,7 +206,7 @@ static void deq_q5_1(const uint8_t *x, float *y, int64_t nb)
 static void deq_q8_0(const uint8_t *x, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += 34, y += QK) {
-        const float d = ld_f16(x);
+        const float d = kvz_quant_f16(x);
         const int8_t *qs = (const int8_t *)(x + 2);
         for (int j = 0; j < QK; j++) y[j] = (float)qs[j] * d;
     }
@@ -222,29 +215,17 @@ static void deq_q8_0(const uint8_t *x, float *y, int64_t nb)
 /* ------------------------------------------------------------------------ */
 /* k-quants: 256-element super-blocks                                       */
 
-/* 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes. */
-static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
-{
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
-        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
-}
-
 static void deq_q4_k(const uint8_t *x, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += 144) {
-        const float d = ld_f16(x), dmin = ld_f16(x + 2);
+        const float d = kvz_quant_f16(x), dmin = kvz_quant_f16(x + 2);
         const uint8_t *scales = x + 4;
         const uint8_t *q = x + 16;
         for (int j = 0, is = 0; j < QK_K; j += 64, is += 2, q += 32) {
-            uint8_t sc, m;
-            scale_min_k4(is, scales, &sc, &m);
+            int sc, m;
+            kvz_kq_scale_min(is, scales, &sc, &m);
             const float d1 = d * sc, m1 = dmin * m;
-            scale_min_k4(is + 1, scales, &sc, &m);
+            kvz_kq_scale_min(is + 1, scales, &sc, &m);
             const float d2 = d * sc, m2 = dmin * m;
             for (int l = 0; l < 32; l++) y[l] = d1 * (float)(q[l] & 0x0f) - m1;
             for (int l = 0; l < 32; l++) y[l + 32] = d2 * (float)(q[l] >> 4) - m2;
@@ -256,16 +237,16 @@ static void deq_q4_k(const uint8_t *x, float *y, int64_t nb)
 static void deq_q5_k(const uint8_t *x, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += 176) {
-        const float d = ld_f16(x), dmin = ld_f16(x + 2);
+        const float d = kvz_quant_f16(x), dmin = kvz_quant_f16(x + 2);
         const uint8_t *scales = x + 4;
         const uint8_t *qh = x + 16;
         const uint8_t *ql = x + 48;
         uint8_t u1 = 1, u2 = 2;
         for (int j = 0, is = 0; j < QK_K; j += 64, is += 2, ql += 32) {
-            uint8_t sc, m;
-            scale_min_k4(is, scales, &sc, &m);
+            int sc, m;
+            kvz_kq_scale_min(is, scales, &sc, &m);
             const float d1 = d * sc, m1 = dmin * m;
-            scale_min_k4(is + 1, scales, &sc, &m);
+            kvz_kq_scale_min(is + 1, scales, &sc, &m);
             const float d2 = d * sc, m2 = dmin * m;
             for (int l = 0; l < 32; l++)
                 y[l] = d1 * (float)((ql[l] & 0x0f) + (qh[l] & u1 ? 16 : 0)) - m1;
@@ -284,7 +265,7 @@ static void deq_q6_k(const uint8_t *x, float *y, int64_t nb)
         const uint8_t *ql = x;         /* [128] low 4 bits */
         const uint8_t *qh = x + 128;   /* [64]  high 2 bits */
         const int8_t *sc = (const int8_t *)(x + 192); /* [16] */
-        const float d = ld_f16(x + 208);
+        const float d = kvz_quant_f16(x + 208);
         for (int n = 0; n < QK_K; n += 128) {
             for (int l = 0; l < 32; l++) {
                 const int is = l / 16;
@@ -349,15 +330,15 @@ static inline __m256i nib32(const uint8_t *p)
 static void deq_q4_1_avx2(const uint8_t *x, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += 20, y += QK) {
-        const __m256 m = _mm256_set1_ps(ld_f16(x + 2));
-        st32(y, nib32(x + 4), 0, _mm256_set1_ps(ld_f16(x)), &m);
+        const __m256 m = _mm256_set1_ps(kvz_quant_f16(x + 2));
+        st32(y, nib32(x + 4), 0, _mm256_set1_ps(kvz_quant_f16(x)), &m);
     }
 }
 
 static void deq_q8_0_avx2(const uint8_t *x, float *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += 34, y += QK)
-        st32(y, _mm256_loadu_si256((const __m256i *)(x + 2)), 1, _mm256_set1_ps(ld_f16(x)), NULL);
+        st32(y, _mm256_loadu_si256((const __m256i *)(x + 2)), 1, _mm256_set1_ps(kvz_quant_f16(x)), NULL);
 }
 
 static void deq_q5_0_avx2(const uint8_t *x, float *y, int64_t nb)
@@ -371,7 +352,7 @@ static void deq_q5_0_avx2(const uint8_t *x, float *y, int64_t nb)
         __m256i h = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), idx), sel);
         h = _mm256_and_si256(_mm256_cmpeq_epi8(h, sel), _mm256_set1_epi8(0x10));
         const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nib32(x + 6), h), _mm256_set1_epi8(16));
-        st32(y, q, 1, _mm256_set1_ps(ld_f16(x)), NULL);
+        st32(y, q, 1, _mm256_set1_ps(kvz_quant_f16(x)), NULL);
     }
 }
 
@@ -379,14 +360,14 @@ static void deq_q4_k_avx2(const uint8_t *x, float *y, int64_t nb)
 {
     const __m256i lo = _mm256_set1_epi8(15);
     for (int64_t i = 0; i < nb; i++, x += 144) {
-        const float d = ld_f16(x), dmin = ld_f16(x + 2);
+        const float d = kvz_quant_f16(x), dmin = kvz_quant_f16(x + 2);
         const uint8_t *q = x + 16;
         for (int is = 0; is < 8; is += 2, q += 32, y += 64) {
-            uint8_t sc, mn;
-            scale_min_k4(is, x + 4, &sc, &mn);
+            int sc, mn;
+            kvz_kq_scale_min(is, x + 4, &sc, &mn);
             const __m256 m1 = _mm256_set1_ps(-(dmin * mn));
             const __m256 d1 = _mm256_set1_ps(d * sc);
-            scale_min_k4(is + 1, x + 4, &sc, &mn);
+            kvz_kq_scale_min(is + 1, x + 4, &sc, &mn);
             const __m256 m2 = _mm256_set1_ps(-(dmin * mn));
             const __m256 d2 = _mm256_set1_ps(d * sc);
             const __m256i v = _mm256_loadu_si256((const __m256i *)q);
@@ -403,7 +384,7 @@ static void deq_q6_k_avx2(const uint8_t *x, float *y, int64_t nb)
     for (int64_t i = 0; i < nb; i++, x += 210) {
         const uint8_t *ql = x, *qh = x + 128;
         const int8_t *sc = (const int8_t *)(x + 192);
-        const float d = ld_f16(x + 208);
+        const float d = kvz_quant_f16(x + 208);
         for (int n = 0; n < QK_K; n += 128, ql += 64, qh += 32, sc += 8, y += 128) {
             const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
             const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
@@ -484,7 +465,7 @@ int kvz_dequantize_isa(int isa, uint32_t type, const void *src, float *dst, int6
     switch (type) {
     case KVZ_TYPE_F32: memcpy(dst, src, (size_t)n * 4); break;
     case KVZ_TYPE_F16:
-        for (int64_t i = 0; i < n; i++) dst[i] = ld_f16(x + 2 * i);
+        for (int64_t i = 0; i < n; i++) dst[i] = kvz_quant_f16(x + 2 * i);
         break;
     case KVZ_TYPE_BF16:
         for (int64_t i = 0; i < n; i++) {

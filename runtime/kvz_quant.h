@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 #include <stddef.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,6 +50,27 @@ float kvz_fp16_to_fp32(uint16_t h);
 uint16_t kvz_fp32_to_fp16(float f);     /**< round to nearest even */
 float kvz_bf16_to_fp32(uint16_t h);
 uint16_t kvz_fp32_to_bf16(float f);     /**< round to nearest even, NaN kept */
+
+/** The fp16 value stored at @p p (a block's scale; any alignment). */
+static inline float kvz_quant_f16(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return kvz_fp16_to_fp32(h);
+}
+
+/** 6-bit scale and min of sub-block @p j (0..7) of a Q4_K / Q5_K super-block, from its
+ *  12 packed scale bytes @p q (docs/GGUF.md). */
+static inline void kvz_kq_scale_min(int j, const uint8_t *q, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
 
 #ifdef __cplusplus
 }
