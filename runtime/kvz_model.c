@@ -569,3 +569,24 @@ int kvz_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int3
             return kvz_error_set(KVZ_ERR_ARG, "token id %d is out of range", tokens[i]);
     return m->be->forward(m, kv, tokens, n, pos0, logits, flags, hook);
 }
+
+int kvz_forward_multi(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, const int32_t *pos,
+                      int32_t n, float *logits)
+{
+    if (n < 1 || !kv || !tokens || !pos || !logits) return kvz_error_set(KVZ_ERR_ARG, "forward_multi: n=%d", n);
+    for (int32_t i = 0; i < n; i++) {
+        if (!kv[i]) return kvz_error_set(KVZ_ERR_ARG, "forward_multi: cache %d is NULL", i);
+        if (tokens[i] < 0 || tokens[i] >= m->cfg.n_vocab)
+            return kvz_error_set(KVZ_ERR_ARG, "token id %d is out of range", tokens[i]);
+        if (pos[i] < 0) return kvz_error_set(KVZ_ERR_ARG, "forward_multi: position %d", pos[i]);
+        for (int32_t j = 0; j < i; j++)
+            if (kv[j] == kv[i]) return kvz_error_set(KVZ_ERR_ARG, "forward_multi: cache %d repeats cache %d", i, j);
+    }
+    if (m->be->forward_multi) return m->be->forward_multi(m, kv, tokens, pos, n, logits);
+    for (int32_t i = 0; i < n; i++) {
+        int rc = m->be->forward(m, kv[i], tokens + i, 1, pos[i], logits + (size_t)i * m->cfg.n_vocab,
+                                KVZ_FWD_LOGITS_LAST, NULL);
+        if (rc) return rc;
+    }
+    return 0;
+}

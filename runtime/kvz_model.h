@@ -272,6 +272,22 @@ enum {
 int kvz_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
                 float *logits, int flags, const kvz_layer_hook *hook);
 
+/**
+ * Continuous batching: one decode step for each of @p n caches of model @p m at once.
+ * Token @p tokens[i] at position @p pos[i] goes into cache @p kv[i] exactly as
+ * kvz_forward(m, kv[i], &tokens[i], 1, pos[i], row_i, KVZ_FWD_LOGITS_LAST, NULL) would
+ * put it (output buffer with its eviction policy, or the document region when the
+ * cache has no output buffer), and row i of @p logits (n, n_vocab) gets its logits.
+ * The caches must be distinct; each is used by this call alone meanwhile. On the CUDA
+ * backend one batched pass serves all (one GEMM per weight for the n rows, one
+ * attention launch over the n ragged caches); elsewhere it is n single-token passes.
+ * @return 0, KVZ_ERR_ARG (n < 1, a repeated cache, a bad token or position),
+ *   KVZ_ERR_CONTEXT, KVZ_ERR_NOMEM, KVZ_ERR_CUDA; on an error every cache is left as
+ *   it was before the step or as after it (never half a token).
+ */
+int kvz_forward_multi(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, const int32_t *pos,
+                      int32_t n, float *logits);
+
 #ifdef __cplusplus
 }
 #endif
