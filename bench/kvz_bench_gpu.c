@@ -858,9 +858,9 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
                    "d direct; stored MB of raw MB):\n", r->T, r->dt, d ? "direct route (warm: map pinned)" : "default route");
             for (int l = 0; l < r->n_trace && l < 128; l++) {
                 const kvz_load_layer_time *t = d ? &r->trace_d[l] : &r->trace[l];
-                printf("  L%02d %c %6.2f/%6.2f MB claim %6.2f ready %6.2f take %6.2f upload %6.2f checked %6.2f\n", l,
-                       t->route, t->bytes / 1e6, t->raw / 1e6, t->claim_s * 1e3, t->ready_s * 1e3, t->take_s * 1e3,
-                       t->upload_s * 1e3, t->checked_s * 1e3);
+                printf("  L%02d %c %6.2f/%6.2f MB claim %6.2f ready %6.2f (zstd %5.2f) take %6.2f upload %6.2f checked %6.2f\n",
+                       l, t->route, t->bytes / 1e6, t->raw / 1e6, t->claim_s * 1e3, t->ready_s * 1e3, t->zstd_s * 1e3,
+                       t->take_s * 1e3, t->upload_s * 1e3, t->checked_s * 1e3);
             }
             if (d) {
                 const kvz_load_profile *p = &r->prof_d;

@@ -205,6 +205,7 @@ static void *load_worker(void *arg)
             tr->checked_s = kvz_now() - j->t0;
             if (!spec) tr->ready_s = tr->checked_s;
             tr->bytes = rd.pf.bytes - before.bytes;
+            tr->zstd_s = rd.pf.zstd_s - before.zstd_s;
             tr->raw = da.len + (j->pm ? pre_at(j, l).len : 0);
             tr->route = rd.pf.records_direct > before.records_direct ? 'd'
                       : rd.pf.records_zstd > before.records_zstd   ? 'z'

@@ -77,6 +77,8 @@ typedef struct kvz_load_layer_time {
                             which verifies while the upload runs) */
     double take_s;     /**< the calling thread took it for upload (GPU) */
     double upload_s;   /**< the calling thread had queued its upload (GPU) */
+    double zstd_s;     /**< of claim -> ready, the time its worker spent in zstd decoding (the
+                            rest: reading, copying and hashing) */
     uint64_t bytes;    /**< stored bytes of its records */
     uint64_t raw;      /**< their codec-none bytes (bytes < raw: zstd saved the difference) */
     int route;         /**< 'c' copied, 'z' zstd, 'd' direct, 'm' through the map (the document's record) */

@@ -52,9 +52,13 @@ static int kv_init(kvz_kv *kv)
     cc->L = (kvz_cuda_kv *)calloc(nl, sizeof *cc->L);
     cc->len_h = (int32_t *)calloc(nl * nkv, sizeof(int32_t));
     if (!cc->L || !cc->len_h) return KVZ_ERR_NOMEM;
-    TRY(dmalloc((void **)&cc->k, nl * nkv * cap * hd * 2, "KV cache K"));
-    TRY(dmalloc((void **)&cc->v, nl * nkv * cap * hd * 2, "KV cache V"));
-    TRY(dmalloc((void **)&cc->pos, nl * nkv * cap * 4, "KV cache pos"));
+    /* the large arrays come from the device pool that keeps freed blocks (dmalloc_tmp):
+     * a server or an ingest makes and frees a cache per document, and a 1.4 GB cudaMalloc
+     * (+ the synchronising cudaFree) was ~1-2 ms of every 32K-token load */
+    const cudaStream_t s = m->cuda->s;
+    TRY(dmalloc_tmp((void **)&cc->k, nl * nkv * cap * hd * 2, s, "KV cache K"));
+    TRY(dmalloc_tmp((void **)&cc->v, nl * nkv * cap * hd * 2, s, "KV cache V"));
+    TRY(dmalloc_tmp((void **)&cc->pos, nl * nkv * cap * 4, s, "KV cache pos"));
     TRY(dmalloc((void **)&cc->len, nl * nkv * 4, "KV cache len"));
     TRY(dmalloc((void **)&cc->evict, nl * 4, "LongFlow victims"));
     cache_views(kv);
@@ -94,8 +98,10 @@ extern "C" void kvz_cuda_kv_free(kvz_kv *kv)
 {
     kvz_cuda_cache *cc = kv->cuda;
     if (!cc) return;
-    if (kv->m->cuda) cudaStreamSynchronize(kv->m->cuda->s);
-    dfree(cc->k); dfree(cc->v); dfree(cc->pos); dfree(cc->len); dfree(cc->evict);
+    const cudaStream_t s = kv->m->cuda ? kv->m->cuda->s : 0;
+    if (kv->m->cuda) cudaStreamSynchronize(s);
+    dfree_tmp(cc->k, s); dfree_tmp(cc->v, s); dfree_tmp(cc->pos, s);
+    dfree(cc->len); dfree(cc->evict);
     dfree(cc->ok); dfree(cc->ov); dfree(cc->opos);
     dfree(cc->act); dfree(cc->dec_ws); dfree(cc->score_ws); dfree(cc->logits); dfree(cc->scores);
     dfree(cc->exp_d); dfree(cc->step_d);
