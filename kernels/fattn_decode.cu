@@ -37,6 +37,7 @@ struct dec_params {
     kvz_cuda_outbuf ob; /* ob.k == NULL → none */
     int n_ot;           /* buffer tiles per head (0 without a buffer) */
     int n_split;        /* splits per KV head */
+    int per;            /* > 0: split s takes tiles [s·per, (s+1)·per) (batched kernel); 0: balanced */
     float scale_log2;
     float *po, *pm, *pl; /* (n_kv, n_split, RT[, HD]) */
     float *blog;         /* (n_head, n_slot) last query's buffer logits (base-2 scaled) */
@@ -95,8 +96,14 @@ __device__ __forceinline__ void dec_split_body(const dec_params p, const int spl
 
     const int len_h = p.kv.len[h];
     const int n_ct = (len_h + DEC_BN - 1) / DEC_BN, n_t = n_ct + p.n_ot;
-    const int t0 = (int)((long long)split * n_t / p.n_split);
-    const int n = (int)((long long)(split + 1) * n_t / p.n_split) - t0;
+    int t0, n;
+    if (p.per > 0) {
+        t0 = split * p.per;
+        n = min(p.per, n_t - t0);
+    } else {
+        t0 = (int)((long long)split * n_t / p.n_split);
+        n = (int)((long long)(split + 1) * n_t / p.n_split) - t0;
+    }
     const size_t sidx = ((size_t)h * p.n_split + split) * p.RT;
     if (n <= 0) {
         kvz_cp_wait<0>();
@@ -581,46 +588,87 @@ __global__ void __launch_bounds__(HD)
     dec_combine_body<HD>(dec_seq_params(p, seq, blockIdx.z, stride), blockIdx.x, blockIdx.y);
 }
 
-/* grid (ceil(max B / 64), n_seq); S of sequence z at p.S-slice of its workspace */
-__global__ void __launch_bounds__(64)
-    dec_slot_score_multi_kernel(const dec_params p, const kvz_cuda_seq *__restrict__ seq, size_t stride,
-                                size_t s_off)
-{
-    const int z = blockIdx.y;
-    if (!seq[z].ob.k || !seq[z].evict) return; /* uniform over the block */
-    const dec_params q = dec_seq_params(p, seq, z, stride);
-    dec_slot_score_body(q, (float *)((char *)p.po + (size_t)z * stride + s_off));
-}
-
-/* grid (n_seq), 1024 threads */
+/* LongFlow choice of the batched step, one block (1024 threads) per sequence: S_j as
+ * dec_slot_score_body computes it, with the heads spread over 4 thread groups (the
+ * per-slot loop over heads is latency-bound: 32 dependent iterations took ~25 µs per
+ * launch), the 4 partial sums added in group order, written to the sequence's S slice;
+ * then the argmin of dec_argmin_body over the same block. */
+#define DEC_SA_GROUPS 4
 __global__ void __launch_bounds__(1024)
-    dec_argmin_multi_kernel(const dec_params p, const kvz_cuda_seq *__restrict__ seq, size_t stride, size_t s_off)
+    dec_score_argmin_multi_kernel(const dec_params p0, const kvz_cuda_seq *__restrict__ seq, size_t stride,
+                                  size_t s_off)
 {
+    __shared__ float sML[2 * 256];
+    __shared__ float part[DEC_SA_GROUPS][256];
     const int z = blockIdx.x;
     int32_t *ev = seq[z].evict;
-    if (!seq[z].ob.k || !ev) return;
-    const dec_params q = dec_seq_params(p, seq, z, stride);
-    const int none = q.ob.n_slot <= q.ob.n_sink + 1 ? q.ob.n_slot - 1 : -1;
-    dec_argmin_body(q, (const float *)((const char *)p.po + (size_t)z * stride + s_off), ev, none);
+    if (!seq[z].ob.k || !ev) return; /* uniform over the block */
+    const dec_params p = dec_seq_params(p0, seq, z, stride);
+    float *S = (float *)((char *)p0.po + (size_t)z * stride + s_off);
+    const int tid = threadIdx.x, B = p.ob.n_slot, jj = tid & 255, g = tid >> 8;
+    for (int i = tid; i < 2 * p.n_head; i += blockDim.x) sML[i] = p.ML[i];
+    __syncthreads();
+    for (int j0 = 0; j0 < B; j0 += 256) {
+        const int j = j0 + jj;
+        float acc = 0.f;
+        if (j < B) {
+#pragma unroll 8
+            for (int hq = g; hq < p.n_head; hq += DEC_SA_GROUPS) {
+                const float M = sML[hq * 2], L = sML[hq * 2 + 1];
+                const float lg = p.blog[(size_t)hq * B + j];
+                const float vn = p.vnorm[(size_t)(hq / p.G) * B + j];
+                if (lg != -INFINITY && L > 0.f) acc += exp2f(lg - M) / L * vn;
+            }
+        }
+        part[g][jj] = acc;
+        __syncthreads();
+        if (g == 0 && j < B) {
+            float t = part[0][jj];
+#pragma unroll
+            for (int k = 1; k < DEC_SA_GROUPS; k++) t += part[k][jj];
+            S[j] = t;
+        }
+        __syncthreads(); /* S visible to the block; part free again */
+    }
+    const int none = p.ob.n_slot <= p.ob.n_sink + 1 ? p.ob.n_slot - 1 : -1;
+    dec_argmin_body(p, S, ev, none);
 }
 
-static int dec_multi_geometry(int n_seq, int n_head, int n_kv, int hd, int max_len, int max_slot, int *n_split,
-                              dec_layout *L)
+/* Batched split geometry. The per-head lengths of compressed caches are very uneven
+ * (KVzip global selection keeps most rows of some heads and few of others), so the
+ * splits are sized from the total work, not from the longest head: every split takes a
+ * fixed run of `per` tiles, per chosen so the real blocks (sum over sequences and heads
+ * of ceil(tiles / per)) fill about two waves of resident blocks, and at least
+ * DEC_MULTI_MIN_PER tiles (a split's fixed costs: Q load, warp merge, partial write).
+ * n_split = ceil(longest head's tiles / per); splits past a head's tiles exit at once.
+ * @p sum_len: host sum of len[h] over sequences and KV heads (0: unknown, use max_len
+ * for every head). */
+#define DEC_MULTI_MIN_PER 8
+static void dec_multi_geometry(int n_seq, int n_head, int n_kv, int hd, int max_len, long long sum_len,
+                               int max_slot, int *n_split, int *per, dec_layout *L)
 {
     const int occ = hd == 64 ? 3 : 2;
-    *n_split = dec_num_splits(max_len, max_slot, n_kv * n_seq, occ);
+    const int ot = (max_slot + DEC_BN - 1) / DEC_BN, mt = (max_len + DEC_BN - 1) / DEC_BN + ot;
+    const long long heads = (long long)n_seq * n_kv;
+    if (sum_len <= 0) sum_len = (long long)max_len * heads;
+    const long long total = sum_len / DEC_BN + heads * (ot + 1); /* tiles, rounding each head up */
+    const long long slots = 2LL * occ * kvz_cuda_sm_count();
+    long long pr = (total + slots - 1) / slots;
+    if (pr < DEC_MULTI_MIN_PER) pr = DEC_MULTI_MIN_PER;
+    if (pr > mt) pr = mt > 0 ? mt : 1;
+    *per = (int)pr;
+    *n_split = mt > 0 ? (int)((mt + pr - 1) / pr) : 1;
     *L = dec_ws_layout(1, n_head, hd, *n_split, max_slot);
-    return 0;
 }
 
 extern "C" size_t kvz_cuda_attn_decode_multi_ws_size(int n_seq, int n_head, int n_kv, int hd, int max_len,
                                                      int max_slot)
 {
     if (n_seq <= 0 || n_head <= 0 || n_kv <= 0 || hd <= 0 || max_len < 0 || max_slot < 0) return 0;
-    int ns;
-    dec_layout L;
-    dec_multi_geometry(n_seq, n_head, n_kv, hd, max_len, max_slot, &ns, &L);
-    return (size_t)n_seq * L.total;
+    /* the most splits any sum_len gives: per = DEC_MULTI_MIN_PER */
+    const int mt = (max_len + DEC_BN - 1) / DEC_BN + (max_slot + DEC_BN - 1) / DEC_BN;
+    const int ns = mt > 0 ? (mt + DEC_MULTI_MIN_PER - 1) / DEC_MULTI_MIN_PER : 1;
+    return (size_t)n_seq * dec_ws_layout(1, n_head, hd, ns, max_slot).total;
 }
 
 template <int HD, int NT>
@@ -637,7 +685,8 @@ static int dec_launch_split_multi(const dec_params &p, int n_seq, const kvz_cuda
 
 extern "C" int kvz_cuda_attn_decode_multi(cudaStream_t s, int n_seq, int n_head, int n_kv, int hd, const void *q,
                                           int ldq, const int32_t *qpos, const kvz_cuda_seq *seq, int max_len,
-                                          int max_slot, void *o, int ldo, void *ws, size_t ws_bytes)
+                                          long long sum_len, int max_slot, void *o, int ldo, void *ws,
+                                          size_t ws_bytes)
 {
     KVZ_ARG(n_seq > 0 && n_seq <= 65535 && seq && q && qpos && o);
     KVZ_ARG(hd == 64 || hd == 128);
@@ -645,15 +694,17 @@ extern "C" int kvz_cuda_attn_decode_multi(cudaStream_t s, int n_seq, int n_head,
     KVZ_ARG(ldq % 8 == 0 && ((uintptr_t)q & 15) == 0);
     KVZ_ARG(ldq >= n_head * hd && ldo >= n_head * hd && ldo % 2 == 0);
     KVZ_ARG(max_len >= 0 && max_slot >= 0);
-    int n_split;
+    int n_split, per;
     dec_layout L;
-    dec_multi_geometry(n_seq, n_head, n_kv, hd, max_len, max_slot, &n_split, &L);
+    dec_multi_geometry(n_seq, n_head, n_kv, hd, max_len, sum_len, max_slot, &n_split, &per, &L);
+    KVZ_ARG(n_split <= 65535);
     KVZ_ARG(ws && ws_bytes >= (size_t)n_seq * L.total);
     dec_params p = {};
     p.q = (const bf16 *)q; p.ldq = ldq; p.qpos = qpos;
     p.T = 1; p.G = n_head / n_kv; p.n_head = n_head; p.RT = p.G;
     p.kv.n_kv = n_kv; /* the rest per sequence */
     p.n_split = n_split;
+    p.per = per;
     p.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
     char *w = (char *)ws;
     p.po = (float *)(w + L.po); p.pm = (float *)(w + L.pm); p.pl = (float *)(w + L.pl);
@@ -675,10 +726,8 @@ extern "C" int kvz_cuda_attn_decode_multi(cudaStream_t s, int n_seq, int n_head,
     else dec_combine_multi_kernel<128><<<dim3(p.RT, n_kv, n_seq), 128, csm, s>>>(p, seq, stride);
     KVZ_LAUNCH_CHECK("attn_decode_multi_combine");
     if (max_slot > 0) {
-        dec_slot_score_multi_kernel<<<dim3((max_slot + 63) / 64, n_seq), 64, 0, s>>>(p, seq, stride, s_off);
-        KVZ_LAUNCH_CHECK("attn_decode_multi_slot_score");
-        dec_argmin_multi_kernel<<<n_seq, 1024, 0, s>>>(p, seq, stride, s_off);
-        KVZ_LAUNCH_CHECK("attn_decode_multi_argmin");
+        dec_score_argmin_multi_kernel<<<n_seq, 1024, 0, s>>>(p, seq, stride, s_off);
+        KVZ_LAUNCH_CHECK("attn_decode_multi_score_argmin");
     }
     return 0;
 }

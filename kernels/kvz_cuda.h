@@ -357,8 +357,12 @@ size_t kvz_cuda_attn_decode_multi_ws_size(int n_seq, int n_head, int n_kv, int h
  * choice (argmin S_j, as kvz_cuda_attn_decode's evict_slot) to *seq[z].evict; when the
  * buffer has no evictable slot by construction (n_slot <= n_sink + 1) it writes
  * n_slot - 1 instead of -1 (the single-sequence caller's fallback).
- * The split count is that of the longest cache (@p max_len: host upper bound of every
- * sequence's max_h len[h]); a sequence's splits past its own length exit at once.
+ * Splits: every split takes a fixed run of key tiles, sized from the total work of the
+ * batch (@p sum_len: host sum of len[h] over all sequences and KV heads, 0 if unknown)
+ * so that heads of very different lengths (KVzip-compressed caches) are cut into
+ * similar pieces; the split count follows the longest head (@p max_len: host upper
+ * bound of every sequence's max_h len[h]); splits past a head's length exit at once.
+ * The workspace bound (kvz_cuda_attn_decode_multi_ws_size) holds for any sum_len.
  * @param q    (n_seq, n_head, hd) bf16, 16-byte aligned, row stride ldq (% 8 == 0)
  * @param max_slot host upper bound of every seq[z].ob.n_slot (0: no sequence has a buffer)
  * @param o    (n_seq, n_head, hd) bf16, row stride ldo
@@ -367,8 +371,8 @@ size_t kvz_cuda_attn_decode_multi_ws_size(int n_seq, int n_head, int n_kv, int h
  * and head dim hd. Errors: KVZ_ERR_ARG, KVZ_ERR_CUDA.
  */
 int kvz_cuda_attn_decode_multi(cudaStream_t s, int n_seq, int n_head, int n_kv, int hd, const void *q, int ldq,
-                               const int32_t *qpos, const kvz_cuda_seq *seq, int max_len, int max_slot,
-                               void *o, int ldo, void *ws, size_t ws_bytes);
+                               const int32_t *qpos, const kvz_cuda_seq *seq, int max_len, long long sum_len,
+                               int max_slot, void *o, int ldo, void *ws, size_t ws_bytes);
 
 /** Workspace bytes for kvz_cuda_kvzip_score (host function). */
 size_t kvz_cuda_kvzip_score_ws_size(int R, int n_head);

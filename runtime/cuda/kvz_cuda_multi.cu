@@ -126,22 +126,33 @@ extern "C" int kvz_cuda_forward_multi(kvz_model *m, kvz_kv *const *kv, const int
     /* split grid and workspace follow the longest cache and the largest buffer */
     int64_t max_len = 0;
     int32_t max_slot = 0;
+    long long *sum_len = (long long *)calloc((size_t)NL, sizeof *sum_len); /* per layer, over caches and heads */
+    if (!sum_len) return kvz_error_set(KVZ_ERR_NOMEM, "forward_multi: lengths");
     for (int32_t i = 0; i < n; i++) {
-        const size_t nlh = (size_t)NL * nkv;
-        for (size_t j = 0; j < nlh; j++) max_len = kv[i]->len[j] > max_len ? kv[i]->len[j] : max_len;
+        for (int32_t l = 0; l < NL; l++)
+            for (int32_t h = 0; h < nkv; h++) {
+                const int64_t v = kv[i]->len[(size_t)l * nkv + h];
+                max_len = v > max_len ? v : max_len;
+                sum_len[l] += v;
+            }
         max_slot = kv[i]->out_slots > max_slot ? kv[i]->out_slots : max_slot;
     }
-    if (max_len > INT32_MAX) return kvz_error_set(KVZ_ERR_ARG, "forward_multi: cache too long");
-    const size_t ws = kvz_cuda_attn_decode_multi_ws_size(n, c->n_head, nkv, hd, (int)max_len, max_slot);
-    if (!ws) return kvz_error_set(KVZ_ERR_ARG, "forward_multi: attention workspace size");
+    const size_t ws = max_len > INT32_MAX ? 0 : kvz_cuda_attn_decode_multi_ws_size(n, c->n_head, nkv, hd, (int)max_len, max_slot);
     act_view a;
-    TRY(mb_ensure(m, n, ws, &a));
+    int rc = ws ? mb_ensure(m, n, ws, &a) : kvz_error_set(KVZ_ERR_ARG, "forward_multi: attention workspace size");
+    if (rc) {
+        free(sum_len);
+        return rc;
+    }
 
     /* descriptors (layer-major), tokens, positions: one upload. The pinned staging is
      * free: the previous step synchronised before returning. */
     kvz_cuda_seq *sh = g->mb_seq_h;
     int32_t *slot = (int32_t *)malloc((size_t)n * sizeof *slot);
-    if (!slot) return kvz_error_set(KVZ_ERR_NOMEM, "forward_multi: slots");
+    if (!slot) {
+        free(sum_len);
+        return kvz_error_set(KVZ_ERR_NOMEM, "forward_multi: slots");
+    }
     for (int32_t i = 0; i < n; i++) {
         const kvz_kv *k = kv[i];
         slot[i] = k->out_used[0] < k->out_slots ? k->out_used[0] : -1; /* filling, or the device's victim */
@@ -160,7 +171,6 @@ extern "C" int kvz_cuda_forward_multi(kvz_model *m, kvz_kv *const *kv, const int
     int32_t *th = (int32_t *)((char *)sh + (size_t)NL * g->mb_seq_n * sizeof(kvz_cuda_seq));
     memcpy(th, tokens, (size_t)n * 4);
     memcpy(th + n, pos, (size_t)n * 4);
-    int rc = 0;
     do {
 #define STEP(x)                  \
     if ((rc = (x)) != 0) break
@@ -179,7 +189,7 @@ extern "C" int kvz_cuda_forward_multi(kvz_model *m, kvz_kv *const *kv, const int
             STEP(kvz_cuda_rope(s, n, c->n_head, nkv, hd, a.qkv, nqkv, a.qkv + qd, nqkv, a.pos, c->rope_theta, rl,
                                L->q_norm, L->k_norm, c->norm_eps));
             STEP(kvz_cuda_outbuf_write_multi(s, n, nkv, hd, a.qkv + qd, nqkv, a.qkv + qd + kvd, nqkv, a.pos, sd));
-            STEP(kvz_cuda_attn_decode_multi(s, n, c->n_head, nkv, hd, a.qkv, nqkv, a.pos, sd, (int)max_len, max_slot,
+            STEP(kvz_cuda_attn_decode_multi(s, n, c->n_head, nkv, hd, a.qkv, nqkv, a.pos, sd, (int)max_len, sum_len[l], max_slot,
                                             a.att, qd, g->mb_ws, g->mb_ws_bytes));
             STEP(kvz_cuda_linear(g->blas, s, n, qd, d, a.att, qd, L->wo, NULL, a.x, KVZ_CUDA_F32, d, 1.f));
             STEP(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a.x, NULL, KVZ_CUDA_F32, L->ffn_norm, a.xn, KVZ_CUDA_BF16));
@@ -196,6 +206,7 @@ extern "C" int kvz_cuda_forward_multi(kvz_model *m, kvz_kv *const *kv, const int
         if (e != cudaSuccess) rc = kvz_error_set(KVZ_ERR_CUDA, "forward_multi: %s", cudaGetErrorString(e));
 #undef STEP
     } while (0);
+    free(sum_len);
     if (rc) {
         cudaStreamSynchronize(s); /* nothing of this step still runs when the caller sees the error */
         free(slot);
