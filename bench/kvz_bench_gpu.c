@@ -19,6 +19,8 @@
  * Usage: kvz_bench_gpu [--synthetic NAME] [--lens 2048,8192,32768] [--lf-max N] [--quick]
  *        kvz_bench_gpu --compose [--lens 2048,4096,6144,8192]: multi-document time to first
  *        token (run_compose)
+ *        kvz_bench_gpu --multi 1,8,32 [--multi-ctx 8192]: continuous batching, the batched
+ *        decode step over n compressed caches (run_multi)
  */
 #include <math.h>
 #include <stdio.h>
@@ -1106,6 +1108,130 @@ static void run_compose(kvz_model *m, const int32_t *lens, int nlens)
     if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
 }
 
+/* ---------------------------------------------------------------- continuous batching */
+/* kvz_bench_gpu --multi 1,8,32 [--multi-ctx T]: the batched decode step (kvz_forward_multi)
+ * over n caches, each a KVzip-compressed document of T context tokens (r = 0.3, global:
+ * the bench's ingest path, prefill + repeat/score passes + device top-k + compaction) with
+ * a LongFlow output buffer of 256 slots. Four distinct documents are ingested; cache i
+ * gets document i % 4's kept rows (kvz_kv_get_head → kvz_kv_set_layer: the lengths per
+ * head are the real compressed ones). Each n: 5 warm steps, then the median of 30 steps
+ * (wall time of kvz_forward_multi, logits of the n rows into pinned host memory).
+ * Bound of a step: (linear + LM-head weight bytes + the n caches' K/V bytes: document
+ * rows + buffer slots) ÷ the measured copy bandwidth. n = 1 is the single-cache decode
+ * step (kvz_forward_multi with one cache runs kvz_forward, the CUDA-graph path). */
+#define MULTI_DOCS 4
+#define MULTI_B 256
+#define MULTI_SINKS 4
+static void run_multi(kvz_model *m, const int32_t *pre, int32_t np, const int32_t *ns, int nns, int32_t T,
+                      const shape *s, double bw)
+{
+    const kvz_config *c = kvz_model_config(m);
+    const int32_t NL = c->n_layer, nkv = c->n_kv_head, hd = c->head_dim, V = c->n_vocab;
+    int32_t nmax = 1;
+    for (int i = 0; i < nns; i++) nmax = ns[i] > nmax ? ns[i] : nmax;
+    kvz_kvzip_params p;
+    kvz_kvzip_defaults(&p);
+    p.prefill_chunk = 8192;
+    const int64_t cap = kvz_kvzip_cache_rows(m, np, T, &p);
+    if (cap < 0) DIE("cache rows: %s (%s)", kvz_strerror((int)cap), kvz_error_detail());
+    const size_t nlh = (size_t)NL * nkv;
+    /* kept rows of each document, host fp32, per (layer, head) */
+    uint32_t *cnt = malloc(sizeof(uint32_t) * nlh * MULTI_DOCS);
+    float **dk = calloc(MULTI_DOCS * (size_t)NL, sizeof(float *)), **dv = calloc(MULTI_DOCS * (size_t)NL, sizeof(float *));
+    int32_t **dp = calloc(MULTI_DOCS * (size_t)NL, sizeof(int32_t *));
+    int32_t *ctx = malloc(sizeof(int32_t) * (size_t)T);
+    int64_t kept_rows = 0;
+    double t_ing = kvz_now();
+    for (int d = 0; d < MULTI_DOCS; d++) {
+        for (int32_t i = 0; i < T; i++) ctx[i] = 32 + rnd(95);
+        kvz_kv *kv;
+        API(kvz_kv_create(m, cap, 0, &kv));
+        int32_t *all = doc_tokens(pre, np, ctx, T);
+        prefill_passes(m, kv, all, np + T, p.prefill_chunk);
+        API(kvz_kvzip_score_chunks(m, kv, np, ctx, T, &p, NULL, NULL, NULL, 0, 0));
+        int64_t kept = kvz_cuda_kvzip_select(kv, np, T, p.ratio, p.mode, NULL, cnt + (size_t)d * nlh);
+        if (kept < 0) DIE("select: %s (%s)", kvz_strerror((int)kept), kvz_error_detail());
+        for (int32_t l = 0; l < NL; l++) {
+            size_t rows = 0;
+            for (int32_t h = 0; h < nkv; h++) rows += (size_t)kvz_kv_len(kv, l, h);
+            float *K = malloc(sizeof(float) * rows * hd), *Vv = malloc(sizeof(float) * rows * hd);
+            int32_t *P = malloc(sizeof(int32_t) * rows);
+            size_t off = 0;
+            for (int32_t h = 0; h < nkv; h++) {
+                const int64_t n = kvz_kv_len(kv, l, h);
+                API(kvz_kv_get_head(kv, l, h, K + off * hd, Vv + off * hd, P + off));
+                cnt[(size_t)d * nlh + (size_t)l * nkv + h] = (uint32_t)n;
+                off += (size_t)n;
+            }
+            kept_rows += (int64_t)rows;
+            dk[d * NL + l] = K; dv[d * NL + l] = Vv; dp[d * NL + l] = P;
+        }
+        free(all);
+        kvz_kv_free(kv);
+    }
+    t_ing = kvz_now() - t_ing;
+    /* n caches with a LongFlow buffer, filled from the documents */
+    kvz_kv **kvs = calloc((size_t)nmax, sizeof *kvs);
+    int64_t *rows_of = calloc((size_t)nmax, sizeof *rows_of);
+    int32_t *tok = malloc(sizeof(int32_t) * nmax), *pos = malloc(sizeof(int32_t) * nmax);
+    for (int32_t i = 0; i < nmax; i++) {
+        const int d = i % MULTI_DOCS;
+        int64_t mx = 0;
+        for (size_t j = 0; j < nlh; j++) mx = cnt[(size_t)d * nlh + j] > mx ? cnt[(size_t)d * nlh + j] : mx;
+        API(kvz_kv_create(m, mx, MULTI_B, &kvs[i]));
+        kvz_kv_set_sinks(kvs[i], MULTI_SINKS);
+        kvz_kv_clear(kvs[i]);
+        for (int32_t l = 0; l < NL; l++)
+            API(kvz_kv_set_layer(kvs[i], l, cnt + (size_t)d * nlh + (size_t)l * nkv, dp[d * NL + l], dk[d * NL + l],
+                                 dv[d * NL + l]));
+        for (size_t j = 0; j < nlh; j++) rows_of[i] += cnt[(size_t)d * nlh + j];
+        tok[i] = 32 + rnd(95);
+        pos[i] = np + T;
+    }
+    printf("\n### continuous batching (kvz_forward_multi), synthetic %s\n\n", c->name);
+    printf("%d distinct documents of %d context tokens ingested (KVzip r = %.2f, global) in %.1f s: %.0f kept "
+           "rows per (layer, head) on average; cache i holds document i %% %d; LongFlow buffer %d slots, "
+           "%d sinks\n\n", MULTI_DOCS, T, p.ratio, t_ing, (double)kept_rows / (MULTI_DOCS * (double)nlh),
+           MULTI_DOCS, MULTI_B, MULTI_SINKS);
+    printf("| streams n | ms/step (median of 30) | aggregate tok/s | step ÷ n=1 step (bound <= 2) | tok/s ÷ n=1 "
+           "(bound >= 8 at n = 32) | HBM bound ms (weights + K/V ÷ %.2f TB/s) | %% of bound |\n"
+           "|---|---|---|---|---|---|---|\n", bw / 1e12);
+    float *lg;
+    CU(cudaMallocHost((void **)&lg, sizeof(float) * (size_t)nmax * V));
+    double base = 0;
+    for (int k = 0; k < nns; k++) {
+        const int32_t n = ns[k];
+        if (n < 1 || n > nmax) continue;
+        double t[30];
+        for (int it = 0; it < 35; it++) {
+            double t0 = kvz_now();
+            API(kvz_forward_multi(m, kvs, tok, pos, n, lg));
+            double dt = kvz_now() - t0;
+            if (it >= 5) t[it - 5] = dt;
+            for (int32_t i = 0; i < n; i++) {
+                const float *row = lg + (size_t)i * V;
+                int32_t b = 0;
+                for (int32_t j = 1; j < V; j++) if (row[j] > row[b]) b = j;
+                tok[i] = b;
+                pos[i]++;
+            }
+        }
+        const double ms = median(t, 30) * 1e3;
+        if (base == 0) base = ms;
+        double kvb = 0;
+        for (int32_t i = 0; i < n; i++) kvb += ((double)rows_of[i] + (double)nlh * MULTI_B) * hd * 2.0 * 2.0;
+        const double bound = (2.0 * (s->params_linear + s->lm_head) + kvb) / bw * 1e3;
+        printf("| %d | %.3f | %.0f | %.2f | %.2f | %.3f | %.0f%% |\n", n, ms, n / ms * 1e3, ms / base,
+               (n / ms) / (1.0 / base), bound, 100.0 * bound / ms);
+        fflush(stdout);
+    }
+    printf("\n(ratios are against the first n of the list%s)\n", ns[0] == 1 ? ", n = 1" : "");
+    CU(cudaFreeHost(lg));
+    for (int32_t i = 0; i < nmax; i++) kvz_kv_free(kvs[i]);
+    for (int i = 0; i < MULTI_DOCS * NL; i++) { free(dk[i]); free(dv[i]); free(dp[i]); }
+    free(kvs); free(rows_of); free(tok); free(pos); free(dk); free(dv); free(dp); free(cnt); free(ctx);
+}
+
 int main(int argc, char **argv)
 {
     const char *name = "llama3-8b";
@@ -1113,6 +1239,7 @@ int main(int argc, char **argv)
     int nlens = 3, quick = 0, decode_only = 0, store_only = 0, compose = 0, lens_given = 0;
     const char *dtypes = "f16,q8", *corpus = NULL;
     int32_t lf_max = 16384;
+    int32_t multi[8], n_multi = 0, multi_ctx = 8192;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--synthetic") && i + 1 < argc) name = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -1122,6 +1249,18 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--dtypes") && i + 1 < argc) dtypes = argv[++i];
         else if (!strcmp(argv[i], "--corpus") && i + 1 < argc) corpus = argv[++i];
         else if (!strcmp(argv[i], "--lf-max") && i + 1 < argc) lf_max = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--multi-ctx") && i + 1 < argc) multi_ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--multi") && i + 1 < argc) {
+            n_multi = 0;
+            for (char *p = argv[++i]; *p && n_multi < 8;) {
+                multi[n_multi++] = (int32_t)strtol(p, &p, 10);
+                if (*p == ',') p++;
+                else if (*p) break;
+            }
+            for (int k = 0; k < n_multi; k++)
+                if (multi[k] < 1 || multi[k] > 1024) { fprintf(stderr, "kvz_bench_gpu: --multi: counts 1..1024\n"); return 2; }
+            if (!n_multi) { fprintf(stderr, "kvz_bench_gpu: --multi: a list of stream counts, e.g. 1,8,32\n"); return 2; }
+        }
         else if (!strcmp(argv[i], "--lens") && i + 1 < argc) {
             nlens = 0;
             lens_given = 1;
@@ -1132,7 +1271,8 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr, "usage: kvz_bench_gpu [--synthetic NAME] [--lens A,B,..] [--lf-max N] [--quick] [--decode-only]\n"
                             "                     [--store-only [--dtypes f16,q8]] [--corpus DIR]\n"
-                            "                     [--compose [--lens 2048,4096,6144,8192]]\n");
+                            "                     [--compose [--lens 2048,4096,6144,8192]]\n"
+                            "                     [--multi 1,8,32 [--multi-ctx 8192]]\n");
             return 2;
         }
     }
@@ -1158,6 +1298,19 @@ int main(int argc, char **argv)
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)(maxT + 16));
     for (int32_t i = 0; i < maxT + 16; i++) toks[i] = 32 + rnd(95);
     run_prefill(m, toks, lens[0] < 2048 ? lens[0] : 2048); /* warm-up: cuBLAS heuristics, allocations */
+    if (n_multi) {
+        if (multi_ctx < 16) { fprintf(stderr, "kvz_bench_gpu: --multi-ctx: at least 16 tokens\n"); return 2; }
+        int32_t *mt = malloc(sizeof(int32_t) * 2048);
+        for (int32_t i = 0; i < 2048; i++) mt[i] = 32 + rnd(95);
+        ingest_times w; /* warm-up ingest */
+        run_ingest(m, pre.ids, (int32_t)pre.n, mt, 2048, &s, &w, 0);
+        free(mt);
+        run_multi(m, pre.ids, (int32_t)pre.n, multi, n_multi, multi_ctx, &s, bw);
+        kvz_tokens_free(&pre);
+        free(toks);
+        kvz_model_free(m);
+        return 0;
+    }
     if (compose) { /* 4 documents of 2-8K tokens unless --lens says otherwise */
         static const int32_t dl[4] = {2048, 4096, 6144, 8192};
         if (!lens_given) {

@@ -37,6 +37,7 @@ struct dec_params {
     kvz_cuda_outbuf ob; /* ob.k == NULL → none */
     int n_ot;           /* buffer tiles per head (0 without a buffer) */
     int n_split;        /* splits per KV head */
+    int per;            /* > 0: split s takes tiles [s·per, (s+1)·per) (batched kernel); 0: balanced */
     float scale_log2;
     float *po, *pm, *pl; /* (n_kv, n_split, RT[, HD]) */
     float *blog;         /* (n_head, n_slot) last query's buffer logits (base-2 scaled) */
@@ -67,9 +68,11 @@ template <int HD, int NT> struct dec_smem {
     float m[DEC_WARPS][8 * NT], l[DEC_WARPS][8 * NT];
 };
 
-/* Grid (n_split, n_kv). NT = n-tiles of 8 query rows (RT <= 8·NT). */
+/* One (split, KV head) block of phase 1. NT = n-tiles of 8 query rows (RT <= 8·NT).
+ * A body shared by the single-sequence kernel (grid (n_split, n_kv)) and the batched
+ * one (grid (n_split, n_kv, n_seq), parameters per sequence from a descriptor). */
 template <int HD, int NT>
-__global__ void __launch_bounds__(DEC_THREADS) dec_split_kernel(const dec_params p)
+__device__ __forceinline__ void dec_split_body(const dec_params p, const int split, const int h)
 {
     constexpr int RMAX = 8 * NT, CPR = HD / 8; /* CPR: 16-byte chunks per K/V row */
     static_assert(sizeof(bf16) * DEC_STAGES * 2 * DEC_BN * (HD + 8) >= sizeof(float) * DEC_WARPS * RMAX * (HD + 4),
@@ -78,7 +81,6 @@ __global__ void __launch_bounds__(DEC_THREADS) dec_split_kernel(const dec_params
     dec_smem<HD, NT> &sm = *(dec_smem<HD, NT> *)smem_raw;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, tq = lane & 3;
-    const int split = blockIdx.x, h = blockIdx.y;
 
     /* Q rows r = t·G + g (zero rows up to RMAX): first cp.async group */
     for (int i = tid; i < RMAX * CPR; i += DEC_THREADS) {
@@ -94,8 +96,14 @@ __global__ void __launch_bounds__(DEC_THREADS) dec_split_kernel(const dec_params
 
     const int len_h = p.kv.len[h];
     const int n_ct = (len_h + DEC_BN - 1) / DEC_BN, n_t = n_ct + p.n_ot;
-    const int t0 = (int)((long long)split * n_t / p.n_split);
-    const int n = (int)((long long)(split + 1) * n_t / p.n_split) - t0;
+    int t0, n;
+    if (p.per > 0) {
+        t0 = split * p.per;
+        n = min(p.per, n_t - t0);
+    } else {
+        t0 = (int)((long long)split * n_t / p.n_split);
+        n = (int)((long long)(split + 1) * n_t / p.n_split) - t0;
+    }
     const size_t sidx = ((size_t)h * p.n_split + split) * p.RT;
     if (n <= 0) {
         kvz_cp_wait<0>();
@@ -320,15 +328,22 @@ __global__ void __launch_bounds__(DEC_THREADS) dec_split_kernel(const dec_params
     }
 }
 
+/* Grid (n_split, n_kv). */
+template <int HD, int NT>
+__global__ void __launch_bounds__(DEC_THREADS) dec_split_kernel(const dec_params p)
+{
+    dec_split_body<HD, NT>(p, blockIdx.x, blockIdx.y);
+}
+
 /* grid (RT, n_kv), HD threads, n_split floats of dynamic shared memory: per row, the
  * global max M over the splits, weights exp2(m_s - M) (0 for an empty split, whose o
  * is never read), L and o. */
 template <int HD>
-__global__ void __launch_bounds__(HD) dec_combine_kernel(const dec_params p)
+__device__ __forceinline__ void dec_combine_body(const dec_params p, const int r, const int h)
 {
     extern __shared__ float sw[];
     __shared__ float red[HD / 32];
-    const int r = blockIdx.x, h = blockIdx.y, d = threadIdx.x, ns = p.n_split;
+    const int d = threadIdx.x, ns = p.n_split;
     const size_t base = (size_t)h * ns * p.RT + r;
     float M = -INFINITY;
     for (int s = d; s < ns; s += HD) M = fmaxf(M, p.pm[base + (size_t)s * p.RT]);
@@ -355,9 +370,15 @@ __global__ void __launch_bounds__(HD) dec_combine_kernel(const dec_params p)
     if (d == 0 && t == p.T - 1 && p.ML) { p.ML[hq * 2] = M; p.ML[hq * 2 + 1] = L; }
 }
 
+template <int HD>
+__global__ void __launch_bounds__(HD) dec_combine_kernel(const dec_params p)
+{
+    dec_combine_body<HD>(p, blockIdx.x, blockIdx.y);
+}
+
 /* S_j for every slot: grid ceil(B/64), thread = slot (many small blocks: the loop
  * over heads is latency-bound, so spread it over SMs). */
-__global__ void __launch_bounds__(64) dec_slot_score_kernel(const dec_params p, float *S)
+__device__ __forceinline__ void dec_slot_score_body(const dec_params p, float *S)
 {
     __shared__ float sML[2 * 256];
     for (int i = threadIdx.x; i < 2 * p.n_head; i += blockDim.x) sML[i] = p.ML[i];
@@ -375,8 +396,15 @@ __global__ void __launch_bounds__(64) dec_slot_score_kernel(const dec_params p, 
     S[j] = acc;
 }
 
-/* One block: argmin of S over evictable slots (lowest index on ties). */
-__global__ void __launch_bounds__(1024) dec_argmin_kernel(const dec_params p, const float *S, int32_t *evict)
+__global__ void __launch_bounds__(64) dec_slot_score_kernel(const dec_params p, float *S)
+{
+    dec_slot_score_body(p, S);
+}
+
+/* One block: argmin of S over evictable slots (lowest index on ties). @p none: what
+ * *evict gets when no slot is evictable (-1; the batched path gives B - 1 when
+ * B <= n_sink + 1, as evict_fix_kernel does after the single-sequence call). */
+__device__ __forceinline__ void dec_argmin_body(const dec_params p, const float *S, int32_t *evict, const int none)
 {
     const int B = p.ob.n_slot;
     const int qlast = p.qpos[p.T - 1];
@@ -409,8 +437,13 @@ __global__ void __launch_bounds__(1024) dec_argmin_kernel(const dec_params p, co
             int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
             if (b2 < best || (b2 == best && i2 < bi)) { best = b2; bi = i2; }
         }
-        if (lane == 0) *evict = bi == INT_MAX ? -1 : bi;
+        if (lane == 0) *evict = bi == INT_MAX ? none : bi;
     }
+}
+
+__global__ void __launch_bounds__(1024) dec_argmin_kernel(const dec_params p, const float *S, int32_t *evict)
+{
+    dec_argmin_body(p, S, evict, -1);
 }
 
 static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -514,6 +547,187 @@ extern "C" int kvz_cuda_attn_decode(cudaStream_t s, int T, int n_head, const voi
             dec_argmin_kernel<<<1, 1024, 0, s>>>(p, S, evict_slot);
             KVZ_LAUNCH_CHECK("attn_decode_argmin");
         }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- batched (one token per sequence) */
+/* Sequence z's parameters: the shared ones of @p p with z's cache, buffer, query row,
+ * position, output row and workspace slice (@p stride bytes per sequence). */
+__device__ __forceinline__ dec_params dec_seq_params(dec_params p, const kvz_cuda_seq *__restrict__ seq, int z,
+                                                     size_t stride)
+{
+    const kvz_cuda_seq *d = seq + z;
+    p.kv = d->kv;
+    p.ob = d->ob;
+    p.n_ot = p.ob.k ? (p.ob.n_slot + DEC_BN - 1) / DEC_BN : 0;
+    p.q += (size_t)z * p.ldq;
+    p.qpos += z;
+    p.o += (size_t)z * p.ldo;
+    const size_t off = (size_t)z * stride;
+    p.po = (float *)((char *)p.po + off);
+    p.pm = (float *)((char *)p.pm + off);
+    p.pl = (float *)((char *)p.pl + off);
+    p.blog = (float *)((char *)p.blog + off);
+    p.vnorm = (float *)((char *)p.vnorm + off);
+    p.ML = p.ob.k ? (float *)((char *)p.ML + off) : nullptr;
+    return p;
+}
+
+template <int HD, int NT>
+__global__ void __launch_bounds__(DEC_THREADS)
+    dec_split_multi_kernel(const dec_params p, const kvz_cuda_seq *__restrict__ seq, size_t stride)
+{
+    dec_split_body<HD, NT>(dec_seq_params(p, seq, blockIdx.z, stride), blockIdx.x, blockIdx.y);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(HD)
+    dec_combine_multi_kernel(const dec_params p, const kvz_cuda_seq *__restrict__ seq, size_t stride)
+{
+    dec_combine_body<HD>(dec_seq_params(p, seq, blockIdx.z, stride), blockIdx.x, blockIdx.y);
+}
+
+/* LongFlow choice of the batched step, one block (1024 threads) per sequence: S_j as
+ * dec_slot_score_body computes it, with the heads spread over 4 thread groups (the
+ * per-slot loop over heads is latency-bound: 32 dependent iterations took ~25 µs per
+ * launch), the 4 partial sums added in group order, written to the sequence's S slice;
+ * then the argmin of dec_argmin_body over the same block. */
+#define DEC_SA_GROUPS 4
+__global__ void __launch_bounds__(1024)
+    dec_score_argmin_multi_kernel(const dec_params p0, const kvz_cuda_seq *__restrict__ seq, size_t stride,
+                                  size_t s_off)
+{
+    __shared__ float sML[2 * 256];
+    __shared__ float part[DEC_SA_GROUPS][256];
+    const int z = blockIdx.x;
+    int32_t *ev = seq[z].evict;
+    if (!seq[z].ob.k || !ev) return; /* uniform over the block */
+    const dec_params p = dec_seq_params(p0, seq, z, stride);
+    float *S = (float *)((char *)p0.po + (size_t)z * stride + s_off);
+    const int tid = threadIdx.x, B = p.ob.n_slot, jj = tid & 255, g = tid >> 8;
+    for (int i = tid; i < 2 * p.n_head; i += blockDim.x) sML[i] = p.ML[i];
+    __syncthreads();
+    for (int j0 = 0; j0 < B; j0 += 256) {
+        const int j = j0 + jj;
+        float acc = 0.f;
+        if (j < B) {
+#pragma unroll 8
+            for (int hq = g; hq < p.n_head; hq += DEC_SA_GROUPS) {
+                const float M = sML[hq * 2], L = sML[hq * 2 + 1];
+                const float lg = p.blog[(size_t)hq * B + j];
+                const float vn = p.vnorm[(size_t)(hq / p.G) * B + j];
+                if (lg != -INFINITY && L > 0.f) acc += exp2f(lg - M) / L * vn;
+            }
+        }
+        part[g][jj] = acc;
+        __syncthreads();
+        if (g == 0 && j < B) {
+            float t = part[0][jj];
+#pragma unroll
+            for (int k = 1; k < DEC_SA_GROUPS; k++) t += part[k][jj];
+            S[j] = t;
+        }
+        __syncthreads(); /* S visible to the block; part free again */
+    }
+    const int none = p.ob.n_slot <= p.ob.n_sink + 1 ? p.ob.n_slot - 1 : -1;
+    dec_argmin_body(p, S, ev, none);
+}
+
+/* Batched split geometry. The per-head lengths of compressed caches are very uneven
+ * (KVzip global selection keeps most rows of some heads and few of others), so the
+ * splits are sized from the total work, not from the longest head: every split takes a
+ * fixed run of `per` tiles, per chosen so the real blocks (sum over sequences and heads
+ * of ceil(tiles / per)) fill about two waves of resident blocks, and at least
+ * DEC_MULTI_MIN_PER tiles (a split's fixed costs: Q load, warp merge, partial write).
+ * n_split = ceil(longest head's tiles / per); splits past a head's tiles exit at once.
+ * @p sum_len: host sum of len[h] over sequences and KV heads (0: unknown, use max_len
+ * for every head). */
+#define DEC_MULTI_MIN_PER 8
+static void dec_multi_geometry(int n_seq, int n_head, int n_kv, int hd, int max_len, long long sum_len,
+                               int max_slot, int *n_split, int *per, dec_layout *L)
+{
+    const int occ = hd == 64 ? 3 : 2;
+    const int ot = (max_slot + DEC_BN - 1) / DEC_BN, mt = (max_len + DEC_BN - 1) / DEC_BN + ot;
+    const long long heads = (long long)n_seq * n_kv;
+    if (sum_len <= 0) sum_len = (long long)max_len * heads;
+    const long long total = sum_len / DEC_BN + heads * (ot + 1); /* tiles, rounding each head up */
+    const long long slots = 2LL * occ * kvz_cuda_sm_count();
+    long long pr = (total + slots - 1) / slots;
+    if (pr < DEC_MULTI_MIN_PER) pr = DEC_MULTI_MIN_PER;
+    if (pr > mt) pr = mt > 0 ? mt : 1;
+    *per = (int)pr;
+    *n_split = mt > 0 ? (int)((mt + pr - 1) / pr) : 1;
+    *L = dec_ws_layout(1, n_head, hd, *n_split, max_slot);
+}
+
+extern "C" size_t kvz_cuda_attn_decode_multi_ws_size(int n_seq, int n_head, int n_kv, int hd, int max_len,
+                                                     int max_slot)
+{
+    if (n_seq <= 0 || n_head <= 0 || n_kv <= 0 || hd <= 0 || max_len < 0 || max_slot < 0) return 0;
+    /* the most splits any sum_len gives: per = DEC_MULTI_MIN_PER */
+    const int mt = (max_len + DEC_BN - 1) / DEC_BN + (max_slot + DEC_BN - 1) / DEC_BN;
+    const int ns = mt > 0 ? (mt + DEC_MULTI_MIN_PER - 1) / DEC_MULTI_MIN_PER : 1;
+    return (size_t)n_seq * dec_ws_layout(1, n_head, hd, ns, max_slot).total;
+}
+
+template <int HD, int NT>
+static int dec_launch_split_multi(const dec_params &p, int n_seq, const kvz_cuda_seq *seq, size_t stride,
+                                  cudaStream_t s)
+{
+    size_t smem = sizeof(dec_smem<HD, NT>);
+    auto kern = dec_split_multi_kernel<HD, NT>;
+    KVZ_CUDA_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kern<<<dim3(p.n_split, p.kv.n_kv, n_seq), DEC_THREADS, smem, s>>>(p, seq, stride);
+    KVZ_LAUNCH_CHECK("attn_decode_multi_split");
+    return 0;
+}
+
+extern "C" int kvz_cuda_attn_decode_multi(cudaStream_t s, int n_seq, int n_head, int n_kv, int hd, const void *q,
+                                          int ldq, const int32_t *qpos, const kvz_cuda_seq *seq, int max_len,
+                                          long long sum_len, int max_slot, void *o, int ldo, void *ws,
+                                          size_t ws_bytes)
+{
+    KVZ_ARG(n_seq > 0 && n_seq <= 65535 && seq && q && qpos && o);
+    KVZ_ARG(hd == 64 || hd == 128);
+    KVZ_ARG(n_kv > 0 && n_head > 0 && n_head <= 256 && n_head % n_kv == 0 && n_head / n_kv <= 32);
+    KVZ_ARG(ldq % 8 == 0 && ((uintptr_t)q & 15) == 0);
+    KVZ_ARG(ldq >= n_head * hd && ldo >= n_head * hd && ldo % 2 == 0);
+    KVZ_ARG(max_len >= 0 && max_slot >= 0);
+    int n_split, per;
+    dec_layout L;
+    dec_multi_geometry(n_seq, n_head, n_kv, hd, max_len, sum_len, max_slot, &n_split, &per, &L);
+    KVZ_ARG(n_split <= 65535);
+    KVZ_ARG(ws && ws_bytes >= (size_t)n_seq * L.total);
+    dec_params p = {};
+    p.q = (const bf16 *)q; p.ldq = ldq; p.qpos = qpos;
+    p.T = 1; p.G = n_head / n_kv; p.n_head = n_head; p.RT = p.G;
+    p.kv.n_kv = n_kv; /* the rest per sequence */
+    p.n_split = n_split;
+    p.per = per;
+    p.scale_log2 = 1.4426950408889634f / sqrtf((float)hd);
+    char *w = (char *)ws;
+    p.po = (float *)(w + L.po); p.pm = (float *)(w + L.pm); p.pl = (float *)(w + L.pl);
+    p.blog = (float *)(w + L.blog); p.vnorm = (float *)(w + L.vnorm); p.ML = (float *)(w + L.ML);
+    p.o = (bf16 *)o; p.ldo = ldo;
+    const size_t stride = L.total, s_off = L.S - L.po;
+    int rc;
+    if (hd == 64)
+        rc = p.RT <= 8 ? dec_launch_split_multi<64, 1>(p, n_seq, seq, stride, s)
+           : p.RT <= 16 ? dec_launch_split_multi<64, 2>(p, n_seq, seq, stride, s)
+                        : dec_launch_split_multi<64, 4>(p, n_seq, seq, stride, s);
+    else
+        rc = p.RT <= 8 ? dec_launch_split_multi<128, 1>(p, n_seq, seq, stride, s)
+           : p.RT <= 16 ? dec_launch_split_multi<128, 2>(p, n_seq, seq, stride, s)
+                        : dec_launch_split_multi<128, 4>(p, n_seq, seq, stride, s);
+    if (rc) return rc;
+    const size_t csm = (size_t)n_split * sizeof(float);
+    if (hd == 64) dec_combine_multi_kernel<64><<<dim3(p.RT, n_kv, n_seq), 64, csm, s>>>(p, seq, stride);
+    else dec_combine_multi_kernel<128><<<dim3(p.RT, n_kv, n_seq), 128, csm, s>>>(p, seq, stride);
+    KVZ_LAUNCH_CHECK("attn_decode_multi_combine");
+    if (max_slot > 0) {
+        dec_score_argmin_multi_kernel<<<n_seq, 1024, 0, s>>>(p, seq, stride, s_off);
+        KVZ_LAUNCH_CHECK("attn_decode_multi_score_argmin");
     }
     return 0;
 }

@@ -99,6 +99,36 @@ extern "C" int kvz_cuda_outbuf_write_dev(cudaStream_t s, const kvz_cuda_outbuf *
     return 0;
 }
 
+/* grid (n_seq, n_kv): sequence z's token into its own buffer (kvz_cuda_outbuf_write_multi) */
+__global__ void outbuf_write_multi_kernel(int hd, const bf16 *__restrict__ kn, int ldk, const bf16 *__restrict__ vn,
+                                          int ldv, const int32_t *__restrict__ pos,
+                                          const kvz_cuda_seq *__restrict__ seq)
+{
+    const int z = blockIdx.x, h = blockIdx.y;
+    const kvz_cuda_outbuf ob = seq[z].ob;
+    if (!ob.k) return;
+    int slot = seq[z].slot;
+    if (slot < 0) slot = seq[z].evict ? *seq[z].evict : -1;
+    if (slot < 0 || slot >= ob.n_slot) return;
+    const size_t dst = ((size_t)h * ob.n_slot + slot) * hd;
+    const bf16 *ks = kn + (size_t)z * ldk + (size_t)h * hd;
+    const bf16 *vs = vn + (size_t)z * ldv + (size_t)h * hd;
+    bf16 *kd = (bf16 *)ob.k + dst, *vd = (bf16 *)ob.v + dst;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) { kd[i] = ks[i]; vd[i] = vs[i]; }
+    if (threadIdx.x == 0 && h == 0) ob.slot_pos[slot] = pos[z];
+}
+
+extern "C" int kvz_cuda_outbuf_write_multi(cudaStream_t s, int n_seq, int n_kv, int hd, const void *k_new, int ldk,
+                                           const void *v_new, int ldv, const int32_t *pos, const kvz_cuda_seq *seq)
+{
+    KVZ_ARG(n_seq > 0 && n_kv > 0 && n_kv <= 65535 && hd > 0);
+    KVZ_ARG(k_new && v_new && pos && seq && ldk >= n_kv * hd && ldv >= n_kv * hd);
+    outbuf_write_multi_kernel<<<dim3(n_seq, n_kv), 64, 0, s>>>(hd, (const bf16 *)k_new, ldk, (const bf16 *)v_new,
+                                                               ldv, pos, seq);
+    KVZ_LAUNCH_CHECK("outbuf_write_multi");
+    return 0;
+}
+
 /* ---------------------------------------------------------------- export */
 /* fp32 -> fp16 bits, round to nearest even: runtime/kvz_quant.c kvz_fp32_to_fp16, verbatim */
 __device__ __forceinline__ uint16_t d_f32_to_f16(float f)

@@ -83,6 +83,20 @@ typedef struct kvz_cuda_outbuf {
     int32_t n_sink;     /**< slots [0, n_sink) are never evicted */
 } kvz_cuda_outbuf;
 
+/** One sequence of a batched decode step (continuous batching: one token for each of
+ *  n different caches). An array of these, one per sequence, lives in DEVICE memory
+ *  (the runtime uploads one per layer per step: layer-major); the batched kernels read
+ *  sequence z's entry with z from the grid, so a step costs one launch per op whatever n. */
+typedef struct kvz_cuda_seq {
+    kvz_cuda_kv kv;      /**< the sequence's document rows (this layer), ragged per head */
+    kvz_cuda_outbuf ob;  /**< its LongFlow output buffer (this layer); ob.k == NULL: none */
+    int32_t slot;        /**< output-buffer slot the new token takes: >= 0 (filling), or -1:
+                          *   the victim *evict chosen by this sequence's previous step */
+    int32_t pad_;
+    int32_t *evict;      /**< device int32 (this layer): read by the write, then rewritten
+                          *   by the attention with this step's LongFlow choice; NULL: none */
+} kvz_cuda_seq;
+
 /* ========================================================================== */
 /* Device                                                                     */
 
@@ -268,6 +282,17 @@ int kvz_cuda_outbuf_write_dev(cudaStream_t s, const kvz_cuda_outbuf *ob, int n_k
                               const int32_t *pos, const int32_t *d_fill, const int32_t *d_evict);
 
 /**
+ * Batched output-buffer write (continuous batching): token z (one per sequence) goes to
+ * sequence z's buffer slot seq[z].slot when >= 0, else *seq[z].evict (nothing written
+ * when that is < 0 or >= n_slot, or when seq[z].ob.k is NULL); slot_pos set to pos[z].
+ * The same bytes as kvz_cuda_outbuf_write / _write_dev per sequence, in one launch.
+ * @param k_new, v_new (n_seq, n_kv, hd) bf16, row stride ldk, ldv (post-RoPE k)
+ * @param pos (n_seq) int32 device;  @param seq (n_seq) device descriptors
+ */
+int kvz_cuda_outbuf_write_multi(cudaStream_t s, int n_seq, int n_kv, int hd, const void *k_new, int ldk,
+                                const void *v_new, int ldv, const int32_t *pos, const kvz_cuda_seq *seq);
+
+/**
  * Export of one layer's cache rows for storage: for every head h in order, rows
  * [0, rows[h]) (host counts, <= cap), back to back, converted from bf16 to @p dt
  * (KVZ_CUDA_F32, KVZ_CUDA_BF16 = copy, KVZ_CUDA_F16 = round to nearest even, the
@@ -319,6 +344,35 @@ int kvz_cuda_attn_decode(cudaStream_t s, int T, int n_head, const void *q, int l
                          const int32_t *qpos, const kvz_cuda_kv *kv, int max_len,
                          const kvz_cuda_outbuf *ob, void *o, int ldo, void *ws,
                          size_t ws_bytes, float *slot_score, int32_t *evict_slot);
+
+/** Workspace bytes for kvz_cuda_attn_decode_multi with these sizes (host function). */
+size_t kvz_cuda_attn_decode_multi_ws_size(int n_seq, int n_head, int n_kv, int hd, int max_len, int max_slot);
+
+/**
+ * Batched decode attention (continuous batching): one query per sequence, sequence z
+ * (q row z, position qpos[z], output row z) over ITS cache seq[z].kv (rows [0, len[h])
+ * of each head, ragged) plus its output buffer seq[z].ob; the math of
+ * kvz_cuda_attn_decode with T = 1, in four launches for all sequences (grids with a
+ * sequence dimension). With a buffer and seq[z].evict set, it also writes the LongFlow
+ * choice (argmin S_j, as kvz_cuda_attn_decode's evict_slot) to *seq[z].evict; when the
+ * buffer has no evictable slot by construction (n_slot <= n_sink + 1) it writes
+ * n_slot - 1 instead of -1 (the single-sequence caller's fallback).
+ * Splits: every split takes a fixed run of key tiles, sized from the total work of the
+ * batch (@p sum_len: host sum of len[h] over all sequences and KV heads, 0 if unknown)
+ * so that heads of very different lengths (KVzip-compressed caches) are cut into
+ * similar pieces; the split count follows the longest head (@p max_len: host upper
+ * bound of every sequence's max_h len[h]); splits past a head's length exit at once.
+ * The workspace bound (kvz_cuda_attn_decode_multi_ws_size) holds for any sum_len.
+ * @param q    (n_seq, n_head, hd) bf16, 16-byte aligned, row stride ldq (% 8 == 0)
+ * @param max_slot host upper bound of every seq[z].ob.n_slot (0: no sequence has a buffer)
+ * @param o    (n_seq, n_head, hd) bf16, row stride ldo
+ * @param ws   kvz_cuda_attn_decode_multi_ws_size(...) bytes, device
+ * hd in {64, 128}; n_head / n_kv <= 32; n_head <= 256; every seq[z].kv has n_kv heads
+ * and head dim hd. Errors: KVZ_ERR_ARG, KVZ_ERR_CUDA.
+ */
+int kvz_cuda_attn_decode_multi(cudaStream_t s, int n_seq, int n_head, int n_kv, int hd, const void *q, int ldq,
+                               const int32_t *qpos, const kvz_cuda_seq *seq, int max_len, long long sum_len,
+                               int max_slot, void *o, int ldo, void *ws, size_t ws_bytes);
 
 /** Workspace bytes for kvz_cuda_kvzip_score (host function). */
 size_t kvz_cuda_kvzip_score_ws_size(int R, int n_head);

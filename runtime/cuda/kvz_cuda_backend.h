@@ -13,6 +13,7 @@
  *   kvz_cuda_weights.cu  model init/free: weight upload or on-device synthesis
  *   kvz_cuda_cache.cu    KV cache: init/free/sync/set/get/export
  *   kvz_cuda_forward.cu  forward pass and the CUDA-graph decode step
+ *   kvz_cuda_multi.cu    continuous batching: one decode step over n caches
  *   kvz_cuda_kvzip.cu    KVzip repeat pass, selection + compaction
  *   kvz_cuda_load.cu     stored rows into the cache (kvz_cuda_loader.h), composition
  *   kvz_cuda_table.cu    the table
@@ -45,6 +46,12 @@ int kvz_cuda_kv_init(kvz_kv *kv);
 void kvz_cuda_kv_free(kvz_kv *kv);
 int kvz_cuda_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
                      float *logits, int flags, const kvz_layer_hook *hook);
+/* Continuous batching (the table's forward_multi): n >= 2 LongFlow output-buffer caches
+ * (out_slots > n_sink + 1; head_dim 64/128) take one batched pass (kvz_cuda_multi.cu);
+ * anything else runs kvz_cuda_forward per cache. Errors as kvz_forward_multi, plus
+ * KVZ_ERR_ARG for a cache of another model. */
+int kvz_cuda_forward_multi(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, const int32_t *pos,
+                           int32_t n, float *logits);
 int kvz_cuda_kv_sync(kvz_kv *kv, int reset_out);
 int kvz_cuda_kv_set_layer(kvz_kv *kv, int32_t layer, const uint32_t *counts, const int32_t *pos,
                           const float *k, const float *v);
@@ -76,6 +83,8 @@ int kvz_cuda_kv_export_layer(const kvz_kv *kv, int32_t layer, uint8_t dtype, con
 int64_t kvz_cuda_weights_diff(const kvz_model *gpu, const kvz_model *cpu);
 /** Output-buffer slot positions of @p layer (B int32, -1 = empty) copied to the host. */
 int kvz_cuda_kv_out_pos(const kvz_kv *kv, int32_t layer, int32_t *pos);
+/** Output-buffer K and V of @p layer, raw bf16 bits (n_kv, B, hd) each, copied to the host. */
+int kvz_cuda_kv_out_rows(const kvz_kv *kv, int32_t layer, uint16_t *k, uint16_t *v);
 /** Peak device bytes this process allocated through the backend. */
 uint64_t kvz_cuda_mem_peak(void);
 /** Batch-1 decode steps replayed from a CUDA graph so far (KVZ_CUDA_GRAPH=0: graphs off). */

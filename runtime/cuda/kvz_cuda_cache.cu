@@ -229,3 +229,15 @@ extern "C" int kvz_cuda_kv_out_pos(const kvz_kv *kv, int32_t layer, int32_t *pos
                             (size_t)kv->out_slots * 4, cudaMemcpyDeviceToHost));
     return 0;
 }
+
+extern "C" int kvz_cuda_kv_out_rows(const kvz_kv *kv, int32_t layer, uint16_t *k, uint16_t *v)
+{
+    if (!kv->cuda || !kv->out_slots || layer < 0 || layer >= kv->n_layer)
+        return kvz_error_set(KVZ_ERR_ARG, "no device output buffer layer %d", layer);
+    const kvz_cuda_outbuf *O = &kv->cuda->O[layer];
+    const size_t bytes = (size_t)kv->m->cfg.n_kv_head * O->n_slot * kv->m->cfg.head_dim * 2;
+    KVZ_CUDA_TRY(cudaStreamSynchronize(kv->m->cuda->s));
+    KVZ_CUDA_TRY(cudaMemcpy(k, O->k, bytes, cudaMemcpyDeviceToHost));
+    KVZ_CUDA_TRY(cudaMemcpy(v, O->v, bytes, cudaMemcpyDeviceToHost));
+    return 0;
+}

@@ -80,6 +80,17 @@ struct kvz_cuda_model {
     cudaEvent_t ld_ev[KVZ_CUDA_LOAD_MAX_SLOTS];
     size_t ld_bytes;  /* bytes of each slot */
     int ld_n;         /* slots allocated */
+    /* continuous batching (kvz_cuda_multi.cu), grown on demand: activations for mb_n
+     * rows, per-(layer, sequence) descriptors (device + pinned staging, with the
+     * step's tokens and positions after them), attention workspace, logits */
+    void *mb_act;
+    int32_t mb_n;
+    kvz_cuda_seq *mb_seq_d, *mb_seq_h;
+    int32_t mb_seq_n;   /* sequences the descriptor arrays hold per layer */
+    void *mb_ws;
+    size_t mb_ws_bytes;
+    float *mb_logits;   /* (mb_logits_n, n_vocab) */
+    int32_t mb_logits_n;
 };
 
 /* ====================================================================== */

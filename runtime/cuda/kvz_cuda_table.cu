@@ -35,6 +35,7 @@ static kvz_backend make_table(void)
     b.kv_set_layer = kvz_cuda_kv_set_layer;
     b.kv_get_head = kvz_cuda_kv_get_head;
     b.forward = kvz_cuda_forward;
+    b.forward_multi = kvz_cuda_forward_multi;
     b.kvzip_repeat = kvz_cuda_kvzip_repeat;
     b.kvzip_select = kvz_cuda_kvzip_select;
     b.kv_export_layer = kvz_cuda_kv_export_layer;

@@ -191,6 +191,11 @@ extern "C" void kvz_cuda_model_free(kvz_model *m)
     dfree(g->tok_embd);
     dfree(g->out_norm);
     dfree(g->staging);
+    dfree(g->mb_act);
+    dfree(g->mb_seq_d);
+    if (g->mb_seq_h) cudaFreeHost(g->mb_seq_h);
+    dfree(g->mb_ws);
+    dfree(g->mb_logits);
     for (int i = 0; i < g->ld_n; i++) {
         cudaFreeHost(g->ld_h[i]);
         dfree(g->ld_d[i]);
