@@ -4,6 +4,7 @@
  * used to do in main(): handle lifetimes with references, argument checks, the
  * part policy, the question session, the per-model device lock. */
 #include "kvzip.h"
+#include "kvz_api.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -42,45 +43,11 @@ _Static_assert((int)KVZIP_KV_F32 == (int)KVZ_KV_F32 && (int)KVZIP_KV_F16 == (int
                    (int)KVZIP_KV_Q4 == (int)KVZ_KV_Q4,
                "kvzip.h stored K/V types must equal the on-disk numbering (kvz_kvdtype.h)");
 
-#define QUESTION_SLACK 8    /* output slots kept free beyond the question (kvzip-query --budget) */
 #define PREFILL_STEP 4096   /* tokens per prefill pass of a text session */
 #define DOC_CACHE_MB 512    /* loaded documents kept per model (KVZIP_DOC_CACHE_MB overrides) */
 
 /* ------------------------------------------------------------------------- */
-/* Handles and references                                                      */
-
-/* A reference-counted handle: the caller holds one reference until close; each
- * session holds one on its model and one on its store. */
-typedef struct ref {
-    pthread_mutex_t mu;
-    int32_t refs;
-    int32_t closed;   /* the caller's handle was closed */
-} ref;
-
-struct kvzip_model {
-    ref r;
-    kvz_model *m;
-    pthread_mutex_t dev;  /* serialises device work on CUDA (one stream + cuBLAS handle) */
-    kvz_doc_cache *dc;    /* loaded stored documents (ingest/kvz_doc_cache.h): a second
-                             session on one document pays no load; thread-safe itself */
-    double load_s;
-};
-
-struct kvzip_store {
-    ref r;
-    kvz_store *s;
-    unsigned flags;
-};
-
-struct kvzip_session {
-    kvzip_model *model;
-    kvzip_store *store;       /* NULL for text sessions */
-    kvz_kv *kv;
-    int borrowed;             /* kv is lent by the model's document cache */
-    kvzip_session_opts o;
-    kvzip_session_info info;
-    kvzip_docs_info docs;     /* multi-document sessions (kvzip_session_open_docs) */
-};
+/* Handles and references (the structs: api/kvz_api.h)                         */
 
 static void ref_init(ref *r)
 {
@@ -118,6 +85,7 @@ static void model_free(kvzip_model *m)
     kvz_doc_cache_free(m->dc); /* every session is closed: nothing is borrowed */
     kvz_model_free(m->m);
     pthread_mutex_destroy(&m->dev);
+    pthread_cond_destroy(&m->dev_cv);
     pthread_mutex_destroy(&m->r.mu);
     free(m);
 }
@@ -129,10 +97,15 @@ static void store_free(kvzip_store *s)
     free(s);
 }
 
-static void model_unref(kvzip_model *m)
+void kvz_api_model_unref(kvzip_model *m)
 {
     int err;
     if (m && ref_drop(&m->r, 0, &err)) model_free(m);
+}
+
+int kvz_api_model_ref(kvzip_model *m)
+{
+    return ref_check(&m->r, 1, "model");
 }
 
 static void store_unref(kvzip_store *s)
@@ -141,15 +114,26 @@ static void store_unref(kvzip_store *s)
     if (s && ref_drop(&s->r, 0, &err)) store_free(s);
 }
 
-/* Device work on CUDA takes the model's lock; CPU sessions run in parallel. */
-static void dev_lock(kvzip_model *m)
+/* Device work on CUDA takes the model's lock in arrival order (a ticket lock: a
+ * pthread mutex lets the thread that just released it take it again, so a batch
+ * scheduler stepping in a loop would starve a session loading on another thread);
+ * CPU sessions run in parallel and take nothing. */
+void kvz_api_dev_lock(kvzip_model *m)
 {
-    if (kvz_model_device(m->m) == KVZ_DEVICE_CUDA) pthread_mutex_lock(&m->dev);
+    if (kvz_model_device(m->m) != KVZ_DEVICE_CUDA) return;
+    pthread_mutex_lock(&m->dev);
+    const uint64_t t = m->dev_next++;
+    while (t != m->dev_serving) pthread_cond_wait(&m->dev_cv, &m->dev);
+    pthread_mutex_unlock(&m->dev);
 }
 
-static void dev_unlock(kvzip_model *m)
+void kvz_api_dev_unlock(kvzip_model *m)
 {
-    if (kvz_model_device(m->m) == KVZ_DEVICE_CUDA) pthread_mutex_unlock(&m->dev);
+    if (kvz_model_device(m->m) != KVZ_DEVICE_CUDA) return;
+    pthread_mutex_lock(&m->dev);
+    m->dev_serving++;
+    pthread_cond_broadcast(&m->dev_cv);
+    pthread_mutex_unlock(&m->dev);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -253,6 +237,7 @@ int kvzip_model_open(const char *path, const kvzip_model_opts *opts, kvzip_model
     }
     ref_init(&m->r);
     pthread_mutex_init(&m->dev, NULL);
+    pthread_cond_init(&m->dev_cv, NULL);
     *out = m;
     return 0;
 }
@@ -493,9 +478,9 @@ int kvzip_ingest(kvzip_model *m, kvzip_store *s, const char *doc_id, const char 
     if (!rc && t.n == 0) rc = kvz_error_set(KVZIP_ERR_EMPTY, "document has no tokens");
     if (!rc) {
         r.tokens = (int64_t)t.n;
-        dev_lock(m);
+        kvz_api_dev_lock(m);
         rc = ingest_parts(m->m, s->s, doc_id, io.source_path ? io.source_path : "", &t, max_part, &o, &r);
-        dev_unlock(m);
+        kvz_api_dev_unlock(m);
     }
     kvz_tokens_free(&t);
     r.seconds = kvz_now() - t0;
@@ -549,7 +534,7 @@ static int session_new(kvzip_model *m, kvzip_store *s, const kvzip_session_opts 
         return rc;
     }
     if (s && (rc = ref_check(&s->r, 1, "store"))) {
-        model_unref(m);
+        kvz_api_model_unref(m);
         free(ss);
         return rc;
     }
@@ -575,12 +560,12 @@ int kvzip_session_open(kvzip_model *m, kvzip_store *s, const char *doc_id,
     kvz_doc_meta dm;
     int hit = 0;
     const double t0 = kvz_now();
-    dev_lock(m);
+    kvz_api_dev_lock(m);
     /* the pipelined loader (ingest/kvz_load.h) through the model's document cache:
      * checkpointed at the document, rolled back and kept when the session closes */
     rc = kvz_doc_cache_get(m->dc, s->s, doc_id, extra_rows(&o), o.budget, &ss->kv, &dm, &hit);
     if (!rc) ss->borrowed = 1;
-    dev_unlock(m);
+    kvz_api_dev_unlock(m);
     if (rc) {
         kvzip_session_close(ss);
         return rc;
@@ -619,7 +604,7 @@ static int open_prefilled(kvzip_model *m, const char *text, size_t len, const kv
         return rc;
     }
     const int32_t n_doc = (int32_t)prompt.n;
-    dev_lock(m);
+    kvz_api_dev_lock(m);
     rc = kvz_kv_create(m->m, n_doc + extra_rows(&o), o.budget, &ss->kv);
     const double t0 = kvz_now();
     /* the document always goes to the document region, in bounded passes */
@@ -628,7 +613,7 @@ static int open_prefilled(kvzip_model *m, const char *text, size_t len, const kv
         rc = kvz_forward(m->m, ss->kv, prompt.ids + s0, nb, s0, NULL, KVZ_FWD_NO_LOGITS | KVZ_FWD_TO_DOC, NULL);
     }
     if (!rc) kvz_kv_checkpoint(ss->kv);
-    dev_unlock(m);
+    kvz_api_dev_unlock(m);
     kvz_tokens_free(&prompt);
     if (rc) {
         kvzip_session_close(ss);
@@ -671,12 +656,14 @@ int kvzip_session_open_chat(kvzip_model *m, const kvzip_session_opts *opts, kvzi
 int kvzip_session_close(kvzip_session *ss)
 {
     if (!ss) return 0;
+    if (atomic_load(&ss->in_batch))
+        return kvz_error_set(KVZIP_ERR_BUSY, "the session is answering in a batch: close it after its done callback");
     if (ss->kv) {
-        dev_lock(ss->model);
+        kvz_api_dev_lock(ss->model);
         if (!ss->borrowed || kvz_doc_cache_put(ss->model->dc, ss->kv)) kvz_kv_free(ss->kv);
-        dev_unlock(ss->model);
+        kvz_api_dev_unlock(ss->model);
     }
-    model_unref(ss->model);
+    kvz_api_model_unref(ss->model);
     store_unref(ss->store);
     free(ss);
     return 0;
@@ -699,13 +686,33 @@ typedef struct ask_ctx {
     int want_text, canceled;
 } ask_ctx;
 
+int kvz_api_question(const kvzip_session *ss, const char *question, kvz_tokens *q)
+{
+    if (!question[0]) return kvz_error_set(KVZIP_ERR_EMPTY, "the question is empty");
+    int rc = kvz_chat_question(kvz_model_tokenizer(ss->model->m), question, q);
+    const int32_t nq = (int32_t)q->n, B = ss->o.budget;
+    if (!rc && B > 0 && nq > B - QUESTION_SLACK)
+        rc = kvz_error_set(KVZIP_ERR_CONTEXT, "the question is %d tokens; an output cache of %d slots "
+                           "holds at most %d", nq, B, B - QUESTION_SLACK);
+    if (!rc && B == 0 && nq > ss->o.max_question_tokens)
+        rc = kvz_error_set(KVZIP_ERR_CONTEXT, "the question is %d tokens; the session reserved %d "
+                           "(max_question_tokens)", nq, ss->o.max_question_tokens);
+    if (rc) kvz_tokens_free(q);
+    return rc;
+}
+
+int kvz_api_piece(const kvz_tokenizer *tok, int32_t id, char piece[256])
+{
+    int n = kvz_tokenizer_decode(tok, id, piece, 256);
+    return n > 256 ? 256 : n;
+}
+
 static int on_token(void *ctx, int32_t id)
 {
     ask_ctx *a = ctx;
     char piece[256];
-    int n = kvz_tokenizer_decode(a->tok, id, piece, sizeof piece);
+    int n = kvz_api_piece(a->tok, id, piece);
     if (n < 0) return n;
-    if ((size_t)n > sizeof piece) n = sizeof piece;
     if (a->want_text) {
         if (a->len + (size_t)n + 1 > a->cap) {
             const size_t nc = (a->cap ? a->cap * 2 : 1024) + (size_t)n;
@@ -732,32 +739,24 @@ int kvzip_ask(kvzip_session *ss, const char *question, kvzip_token_fn cb, void *
     if (st) memset(st, 0, sizeof *st);
     NEED(ss);
     NEED(question);
-    if (!question[0]) return kvz_error_set(KVZIP_ERR_EMPTY, "the question is empty");
+    if (atomic_load(&ss->in_batch))
+        return kvz_error_set(KVZIP_ERR_BUSY, "the session is answering in a batch (kvzip_batch_submit)");
     kvzip_model *m = ss->model;
     const kvz_tokenizer *tok = kvz_model_tokenizer(m->m);
     kvz_tokens q = {0};
-    int rc = kvz_chat_question(tok, question, &q);
-    const int32_t nq = (int32_t)q.n, B = ss->o.budget;
-    if (!rc && B > 0 && nq > B - QUESTION_SLACK)
-        rc = kvz_error_set(KVZIP_ERR_CONTEXT, "the question is %d tokens; an output cache of %d slots "
-                           "holds at most %d", nq, B, B - QUESTION_SLACK);
-    if (!rc && B == 0 && nq > ss->o.max_question_tokens)
-        rc = kvz_error_set(KVZIP_ERR_CONTEXT, "the question is %d tokens; the session reserved %d "
-                           "(max_question_tokens)", nq, ss->o.max_question_tokens);
-    if (rc) {
-        kvz_tokens_free(&q);
-        return rc;
-    }
+    int rc = kvz_api_question(ss, question, &q);
+    if (rc) return rc;
+    const int32_t nq = (int32_t)q.n;
     ask_ctx a = {.tok = tok, .cb = cb, .user = user, .want_text = answer != NULL};
     kvz_gen_opts go = {.max_tokens = ss->o.max_tokens, .on_token = on_token, .ctx = &a, .stop_on_eos = 1};
     kvz_sampler_init(&go.sampler, ss->o.temperature, ss->o.top_p, ss->o.seed);
     kvz_gen_stats gs;
-    dev_lock(m);
+    kvz_api_dev_lock(m);
     rc = kvz_generate(m->m, ss->kv, q.ids, nq, ss->info.doc_tokens, &go, NULL, NULL, &gs);
     kvz_kv_stats ks;
     kvz_kv_get_stats(ss->kv, &ks);
     kvz_kv_rollback(ss->kv); /* back to the document for the next question */
-    dev_unlock(m);
+    kvz_api_dev_unlock(m);
     kvz_tokens_free(&q);
     if (st) {
         st->prompt_tokens = gs.n_prompt;
@@ -820,10 +819,10 @@ int kvzip_session_open_docs(kvzip_model *m, kvzip_store *s, const char *const *d
     co.key_scale = d.key_scale;
     co.reserve = o.max_question_tokens + o.max_tokens;
     kvz_compose_meta cm;
-    dev_lock(m);
+    kvz_api_dev_lock(m);
     rc = kvz_docs_load(m->m, s->s, doc_ids, n, &co, extra_rows(&o), o.budget, &ss->kv, &cm, NULL);
     if (!rc) kvz_kv_checkpoint(ss->kv);
-    dev_unlock(m);
+    kvz_api_dev_unlock(m);
     if (rc) {
         kvzip_session_close(ss);
         return rc;

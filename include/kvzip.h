@@ -13,6 +13,7 @@
  *     kvzip_session_open_text()           or: plain text prefilled into a full cache
  *     kvzip_session_open_chat()           or: no document at all (plain chat)
  *     kvzip_ask()                         a question -> streamed answer tokens + figures
+ *     kvzip_batch_submit() / _step()      or: many sessions' questions decoded together
  *     kvzip_session_close() / kvzip_store_close() / kvzip_model_close()
  *
  * Example (errors abbreviated; examples/ask.c is the complete program):
@@ -60,7 +61,8 @@
  *  - kvzip_errdetail() is per thread. Opening and closing handles is
  *    thread-safe with respect to other handles' use; closing a handle while
  *    another thread is inside a call on that same handle is the caller's bug.
- *  - The token callback of kvzip_ask() runs on the calling thread.
+ *  - The token callback of kvzip_ask() runs on the calling thread; a batch's token and
+ *    done callbacks run on the thread that calls kvzip_batch_step().
  *
  * DEVICES. KVZIP_DEVICE_CPU (fp32, OpenBLAS, OpenMP), KVZIP_DEVICE_CUDA (when the
  * library was built with CUDA and a GPU is usable), KVZIP_DEVICE_AUTO (CUDA when
@@ -112,7 +114,8 @@ enum {
     KVZIP_ERR_CONTEXT = -15,    /**< longer than a limit: cache, output buffer, model context */
     KVZIP_ERR_EMPTY = -16,      /**< empty input where content is required */
     KVZIP_ERR_ENCODING = -17,   /**< text is not valid UTF-8 or contains NUL bytes */
-    KVZIP_ERR_BUSY = -18,       /**< resource locked (store growth waited too long, retired store) */
+    KVZIP_ERR_BUSY = -18,       /**< resource locked or full (store growth waited too long, retired
+                                     store, a batch holding max_seqs answers, a session in a batch) */
     KVZIP_ERR_NODEV = -19,      /**< CUDA requested, no usable GPU (or built without CUDA) */
     KVZIP_ERR_INTERNAL = -20,   /**< a bug: an invariant did not hold */
     KVZIP_ERR_CLOSED = -40,     /**< the handle was closed (kept alive only by open sessions) */
@@ -378,7 +381,8 @@ int kvzip_session_open_text(kvzip_model *m, const char *text, size_t len,
 int kvzip_session_open_chat(kvzip_model *m, const kvzip_session_opts *opts, kvzip_session **out);
 
 /** Close the session and drop its references (the model or store may be freed here if
- *  their handles were closed already). @return 0 (also for NULL). */
+ *  their handles were closed already). @return 0 (also for NULL); KVZIP_ERR_BUSY (the
+ *  session is answering in a batch: nothing is closed; close it after its done callback). */
 int kvzip_session_close(kvzip_session *ss);
 
 /** The document a session answers from. */
@@ -428,10 +432,115 @@ typedef struct kvzip_answer_stats {
  * @param st      out, may be NULL.
  * @return 0; KVZIP_ERR_ARG (NULL session/question); KVZIP_ERR_EMPTY (empty question);
  *   KVZIP_ERR_CONTEXT (the question does not fit in budget - 8 slots, or with budget 0
- *   exceeds max_question_tokens); KVZIP_ERR_CANCELED; KVZIP_ERR_CUDA; KVZIP_ERR_NOMEM.
+ *   exceeds max_question_tokens); KVZIP_ERR_CANCELED; KVZIP_ERR_BUSY (the session is
+ *   answering in a batch); KVZIP_ERR_CUDA; KVZIP_ERR_NOMEM.
  */
 int kvzip_ask(kvzip_session *ss, const char *question, kvzip_token_fn cb, void *user,
               char **answer, kvzip_answer_stats *st);
+
+/* ------------------------------------------------------------------------- */
+/* Continuous batching: many sessions' answers decoded together                */
+
+/**
+ * A batch decodes the answers of many sessions together: every step runs one decode
+ * token for each answering session in one pass over the weights (on CUDA one batched
+ * forward pass over all their per-head, ragged caches; on the CPU the step runs the
+ * sessions one after another, each exactly as kvzip_ask would). Sessions join with
+ * kvzip_batch_submit() from any thread and leave when their answer ends; ONE
+ * scheduler thread calls kvzip_batch_step() in a loop (kvzip_batch_wait() while idle).
+ *
+ * A step: (1) admits waiting questions in submission order: each one's question
+ * prefill runs and its first token is sampled and passed to its token callback; at
+ * most max_admit questions and max_admit_tokens question tokens per step (the first
+ * waiting question is always admitted), so the running answers get their next token
+ * after a bounded prefill; (2) one decode step for every admitted answer, each sampled
+ * with its own session's temperature, top_p and seed. An answer ends at a stop token,
+ * at its session's max_tokens, when its token callback returns nonzero
+ * (KVZIP_ERR_CANCELED), or on an error; its session is then rolled back to its
+ * document exactly as after kvzip_ask, and its done callback is called. For the same
+ * session, question and options the answer is token for token kvzip_ask's on the CPU.
+ * On CUDA the device lock is taken per prefill and per decode step (FIFO: sessions
+ * loading on other threads take turns with the steps).
+ */
+typedef struct kvzip_batch kvzip_batch;
+
+typedef struct kvzip_batch_opts {
+    int32_t max_seqs;         /**< answers waiting + running at most (default 32; 1..4096) */
+    int32_t max_admit;        /**< question prefills per step at most (default 4; >= 1) */
+    int32_t max_admit_tokens; /**< question tokens prefilled per step at most, beyond the first
+                                   question (default 1024; >= 1) */
+} kvzip_batch_opts;
+
+void kvzip_batch_defaults(kvzip_batch_opts *o);
+
+/**
+ * Open a batch on model @p m (it holds a reference on the model until closed).
+ * @param opts  NULL = kvzip_batch_defaults().
+ * @return 0; KVZIP_ERR_ARG (NULL, options out of range); KVZIP_ERR_CLOSED; KVZIP_ERR_NOMEM.
+ */
+int kvzip_batch_open(kvzip_model *m, const kvzip_batch_opts *opts, kvzip_batch **out);
+
+/**
+ * Called once per submitted answer when it ends, on the stepping thread, after its
+ * session was rolled back: the session is free again (ask, submit or close it, also
+ * from inside this callback). @p rc: 0; KVZIP_ERR_CANCELED (the token callback returned
+ * nonzero); KVZIP_ERR_CLOSED (kvzip_batch_close ended it); or the step's error
+ * (KVZIP_ERR_CUDA, KVZIP_ERR_CONTEXT, KVZIP_ERR_NOMEM) — kvzip_errdetail() on this
+ * thread has the detail during the call. @p st: the answer's figures as kvzip_ask
+ * fills them, except ttft_s = kvzip_batch_submit -> first token (waiting for admission
+ * included) and decode_s = first token -> last token (steps shared with the others).
+ */
+typedef void (*kvzip_done_fn)(void *user, int rc, const kvzip_answer_stats *st);
+
+/**
+ * Queue @p question on session @p ss (thread-safe, cheap: tokenizes and checks, no
+ * model work). The session must not be used otherwise until @p done is called; the
+ * answer streams through @p cb (may be NULL) as with kvzip_ask.
+ * @param done  required: called exactly once, unless this call returns an error.
+ * @return 0; KVZIP_ERR_ARG (NULL b/ss/question/done, a session of another model);
+ *   KVZIP_ERR_EMPTY; KVZIP_ERR_CONTEXT (as kvzip_ask); KVZIP_ERR_BUSY (max_seqs answers
+ *   are waiting or running, or the session is already in a batch); KVZIP_ERR_NOMEM.
+ */
+int kvzip_batch_submit(kvzip_batch *b, kvzip_session *ss, const char *question, kvzip_token_fn cb,
+                       kvzip_done_fn done, void *user);
+
+/**
+ * One scheduling step (from one thread at a time): admissions, then one decode step
+ * over all running answers; callbacks run inside. An error of one question's prefill
+ * ends that answer alone; an error of the shared decode step ends every answer of that
+ * step (each gets its done callback with the error) and is returned.
+ * @return answers still waiting or running (>= 0), 0 when there was nothing to do;
+ *   KVZIP_ERR_ARG (NULL); the decode step's error (KVZIP_ERR_CUDA, ...).
+ */
+int kvzip_batch_step(kvzip_batch *b);
+
+/**
+ * Block until an answer is waiting or running, or @p timeout_s seconds pass (<= 0: do
+ * not block). @return answers waiting or running (0 on a timeout); KVZIP_ERR_ARG.
+ */
+int kvzip_batch_wait(kvzip_batch *b, double timeout_s);
+
+/** What kvzip_batch_info_get reports. */
+typedef struct kvzip_batch_info {
+    int32_t running;          /**< answers admitted and decoding */
+    int32_t waiting;          /**< submitted, not admitted yet */
+    int32_t last_step_size;   /**< answers in the last decode step (0: it had none) */
+    double last_step_s;       /**< seconds of the last decode step's forward pass */
+    double last_admit_s;      /**< seconds of the last step's question prefills */
+    int32_t last_admitted;    /**< questions admitted in the last step */
+    uint64_t steps;           /**< decode steps run */
+    uint64_t tokens;          /**< tokens generated, over all answers */
+} kvzip_batch_info;
+
+/** @return 0; KVZIP_ERR_ARG (NULL). Thread-safe. */
+int kvzip_batch_info_get(kvzip_batch *b, kvzip_batch_info *out);
+
+/**
+ * End every waiting and running answer (done callback with KVZIP_ERR_CLOSED, sessions
+ * rolled back), drop the model reference and free the batch. No other thread may be
+ * inside a call on @p b. @return 0 (also for NULL).
+ */
+int kvzip_batch_close(kvzip_batch *b);
 
 /* ------------------------------------------------------------------------- */
 /* Multi-document sessions: several stored caches composed into one context     */

@@ -181,36 +181,60 @@ int32_t kvz_sample(kvz_sampler *s, const float *logits, int32_t n, float *work)
     return (int32_t)work[2 * (k - 1) + 1];
 }
 
+void kvz_gen_seq_init(kvz_gen_seq *s, const kvz_gen_opts *opts, const kvz_tokenizer *tok, int32_t pos)
+{
+    memset(s, 0, sizeof *s);
+    s->sampler = opts->sampler;
+    s->tok = opts->stop_on_eos ? tok : NULL;
+    s->max_tokens = opts->max_tokens;
+    s->pos = pos;
+}
+
+int kvz_gen_seq_sample(kvz_gen_seq *s, const float *logits, int32_t n_vocab, float *work, int32_t *id)
+{
+    if (s->stopped || s->n_gen >= s->max_tokens) return 0;
+    *id = kvz_sample(&s->sampler, logits, n_vocab, work);
+    if (s->tok && kvz_chat_is_stop(s->tok, *id)) {
+        s->stopped = 1;
+        return 0;
+    }
+    s->n_gen++;
+    return 1;
+}
+
+int kvz_gen_seq_more(const kvz_gen_seq *s)
+{
+    return !s->stopped && s->n_gen < s->max_tokens;
+}
+
 int kvz_generate(kvz_model *m, kvz_kv *kv, const int32_t *prompt, int32_t n_prompt,
                  int32_t pos0, const kvz_gen_opts *opts, kvz_tokens *out, float *logits_out,
                  kvz_gen_stats *stats)
 {
     const kvz_config *c = kvz_model_config(m);
-    const kvz_tokenizer *tok = kvz_model_tokenizer(m);
     kvz_gen_stats st = {.n_prompt = n_prompt};
     float *logits = malloc(sizeof(float) * (size_t)c->n_vocab * 3);
     if (!logits) return KVZ_ERR_NOMEM;
     float *work = logits + c->n_vocab;
-    kvz_sampler smp = opts->sampler;
+    kvz_gen_seq sq;
+    kvz_gen_seq_init(&sq, opts, kvz_model_tokenizer(m), pos0 + n_prompt);
     double t0 = kvz_now();
     int rc = kvz_forward(m, kv, prompt, n_prompt, pos0, logits, KVZ_FWD_LOGITS_LAST, NULL);
     st.prefill_s = kvz_now() - t0;
-    int32_t pos = pos0 + n_prompt;
     double t1 = kvz_now();
-    for (int32_t step = 0; !rc && step < opts->max_tokens; step++) {
-        if (logits_out) memcpy(logits_out + (size_t)step * c->n_vocab, logits, sizeof(float) * c->n_vocab);
-        int32_t id = kvz_sample(&smp, logits, c->n_vocab, work);
-        if (opts->stop_on_eos && tok && kvz_chat_is_stop(tok, id)) {
-            st.stopped = 1;
-            break;
-        }
-        st.n_gen++;
+    int32_t id;
+    while (!rc) {
+        if (logits_out && sq.n_gen < sq.max_tokens)
+            memcpy(logits_out + (size_t)sq.n_gen * c->n_vocab, logits, sizeof(float) * c->n_vocab);
+        if (!kvz_gen_seq_sample(&sq, logits, c->n_vocab, work, &id)) break;
         if (out && (rc = kvz_tokens_push(out, id))) break;
         if (opts->on_token && (rc = opts->on_token(opts->ctx, id))) break;
-        if (step + 1 == opts->max_tokens) break;
-        rc = kvz_forward(m, kv, &id, 1, pos++, logits, KVZ_FWD_LOGITS_LAST, NULL);
+        if (!kvz_gen_seq_more(&sq)) break;
+        rc = kvz_forward(m, kv, &id, 1, sq.pos++, logits, KVZ_FWD_LOGITS_LAST, NULL);
     }
     st.decode_s = kvz_now() - t1;
+    st.n_gen = sq.n_gen;
+    st.stopped = sq.stopped;
     free(logits);
     if (stats) *stats = st;
     return rc;

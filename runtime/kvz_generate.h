@@ -112,6 +112,37 @@ typedef struct kvz_gen_stats {
 } kvz_gen_stats;
 
 /**
+ * One answer's decode state, stepped by whoever runs the forward passes: kvz_generate
+ * (one sequence, one pass per token) and the public library's batch scheduler (many
+ * sequences, one kvz_forward_multi per step). Both sample, stop and count through the
+ * functions below, so an answer is the same token for token on either route.
+ */
+typedef struct kvz_gen_seq {
+    kvz_sampler sampler;       /**< this sequence's own sampler (seeded per answer) */
+    const kvz_tokenizer *tok;  /**< for the stop tokens; NULL = never stop on one */
+    int32_t max_tokens;        /**< generated tokens at most */
+    int32_t n_gen;             /**< tokens generated so far (the stop token not counted) */
+    int32_t pos;               /**< position of the next token fed to the model */
+    int32_t stopped;           /**< 1: a stop token ended the answer */
+} kvz_gen_seq;
+
+/** Start a sequence whose prompt ends at position @p pos - 1 (opts: max_tokens,
+ *  sampler, stop_on_eos; the callbacks are the caller's). */
+void kvz_gen_seq_init(kvz_gen_seq *s, const kvz_gen_opts *opts, const kvz_tokenizer *tok, int32_t pos);
+
+/**
+ * Sample the next token from @p logits (n_vocab; @p work as kvz_sample).
+ * @return 1 with *id set and counted in n_gen: a generated token, for the caller to
+ *   emit; 0: the answer is over (a stop token: stopped = 1; or max_tokens reached
+ *   before this call), nothing emitted.
+ */
+int kvz_gen_seq_sample(kvz_gen_seq *s, const float *logits, int32_t n_vocab, float *work, int32_t *id);
+
+/** 1 when the token just emitted must be fed back (at s->pos, then pos++) for another
+ *  step; 0 when max_tokens are generated. */
+int kvz_gen_seq_more(const kvz_gen_seq *s);
+
+/**
  * Run @p prompt at positions pos0.. then decode. Generated ids are appended to @p out
  * (may be NULL). @p logits_out, when not NULL, receives the logits of every decode
  * step (max_tokens, n_vocab) for tests.

@@ -85,6 +85,10 @@ static const double TTFT_B[] = {0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
 static const double TOK_B[] = {0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1};
 #define NTTFT (sizeof TTFT_B / sizeof TTFT_B[0])
 #define NTOK (sizeof TOK_B / sizeof TOK_B[0])
+static const double BSIZE_B[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+static const double STEP_B[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
+#define NBSIZE (sizeof BSIZE_B / sizeof BSIZE_B[0])
+#define NSTEP (sizeof STEP_B / sizeof STEP_B[0])
 static const int CODES[] = {200, 400, 401, 404, 405, 413, 500, 503, 504};
 #define NCODES (sizeof CODES / sizeof CODES[0])
 
@@ -102,6 +106,9 @@ typedef struct {
     uint64_t doc_loads;
     double doc_load_s;
     histo ttft, tok;
+    histo bsize, bstep;        /* --max-batch > 1: decode step sizes and their forward time */
+    uint64_t bsteps;
+    int32_t brunning, bwaiting;
 } metrics;
 
 static void histo_add(histo *h, const double *b, size_t nb, double v)
@@ -144,6 +151,9 @@ typedef struct job {
     double t_first, t_last;
     kvzip_answer_stats as;
     int32_t doc_tokens;
+    /* --max-batch > 1: the session answering in the batch and its cache key */
+    kvzip_session *ss;
+    char *key;
 } job;
 
 struct server {
@@ -156,6 +166,9 @@ struct server {
     job **q;
     int qhead, qlen, stop, busy;
     pthread_t *workers;
+    kvzip_batch *batch;        /* --max-batch > 1: the scheduler thread steps it */
+    pthread_t sched;
+    atomic_int sched_stop;
     metrics mt;
     atomic_ulong seq;
     /* LRU of idle decoded sessions: a whole stored document with the same content
@@ -204,7 +217,10 @@ static int queue_push(server *sv, job *j)
 static job *queue_pop(server *sv)
 {
     pthread_mutex_lock(&sv->qmu);
-    while (!sv->qlen && !sv->stop) pthread_cond_wait(&sv->qcv, &sv->qmu);
+    /* with a batch, workers only open sessions and submit them: at most --max-batch
+     * jobs are taken (busy) until their answers end, the rest wait in the queue */
+    while ((!sv->qlen || (sv->batch && sv->busy >= sv->o.max_batch)) && !sv->stop)
+        pthread_cond_wait(&sv->qcv, &sv->qmu);
     job *j = NULL;
     if (sv->qlen) {
         j = sv->q[sv->qhead];
@@ -315,6 +331,7 @@ static int on_token(void *user, const char *piece, size_t len, int32_t token)
             j->pend.n -= n;
         }
     }
+    else buf_add(&j->out, piece, len);
     j->ntok++;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
@@ -406,7 +423,9 @@ static void cache_put(server *sv, char *key, kvzip_session *ss, uint64_t bytes)
     for (int i = 0; i < nd; i++) kvzip_session_close(drop[i]);
 }
 
-static void run_job(server *sv, job *j)
+/* The job's session: a kept one (cache hit) or opened now. Sets *ssp and *keyp (the
+ * cache key, NULL when not cacheable) also on an error. */
+static int open_job_session(server *sv, job *j, kvzip_session **ssp, char **keyp)
 {
     kvzip_session *ss = NULL;
     int rc = 0;
@@ -436,11 +455,19 @@ static void run_job(server *sv, job *j)
         }
         pthread_mutex_unlock(&sv->mt.mu);
     }
-    char *answer = NULL;
-    kvzip_answer_stats as = {0};
-    if (!rc) rc = kvzip_ask(ss, j->question, on_token, j, &answer, &as);
+    *ssp = ss;
+    *keyp = key;
+    return rc;
+}
+
+/* The job's end: the session back to the LRU (or closed), the response completed
+ * (status, final SSE chunks or the answer), the connection thread woken, metrics.
+ * @p answer may be NULL (then the text the token callback gathered is the answer). */
+static void finish_job(server *sv, job *j, char *key, kvzip_session *ss, int rc, kvzip_answer_stats as,
+                       const char *errdetail, const char *answer)
+{
     char detail[400];
-    snprintf(detail, sizeof detail, "%.399s", rc ? kvzip_errdetail() : "");
+    snprintf(detail, sizeof detail, "%.399s", rc && errdetail ? errdetail : "");
     /* a session stays usable after an answer, also a canceled one */
     if (key && ss && (!rc || rc == KVZIP_ERR_CANCELED)) cache_put(sv, key, ss, as.kv_bytes_held);
     else {
@@ -486,7 +513,6 @@ static void run_job(server *sv, job *j)
     j->done = 1;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
-    kvzip_free(answer);
 
     pthread_mutex_lock(&sv->mt.mu);
     if (!rc) {
@@ -501,6 +527,80 @@ static void run_job(server *sv, job *j)
     pthread_mutex_unlock(&sv->mt.mu);
 }
 
+static void run_job(server *sv, job *j)
+{
+    kvzip_session *ss;
+    char *key, *answer = NULL;
+    kvzip_answer_stats as = {0};
+    int rc = open_job_session(sv, j, &ss, &key);
+    if (!rc) rc = kvzip_ask(ss, j->question, on_token, j, &answer, &as);
+    finish_job(sv, j, key, ss, rc, as, rc ? kvzip_errdetail() : NULL, answer);
+    kvzip_free(answer);
+}
+
+static void job_released(server *sv)
+{
+    pthread_mutex_lock(&sv->qmu);
+    sv->busy--;
+    pthread_cond_broadcast(&sv->qcv); /* a batch slot is free */
+    pthread_mutex_unlock(&sv->qmu);
+}
+
+/* kvzip_batch's done callback (scheduler thread): the answer ended, the session was
+ * rolled back to its document. */
+static void batch_done(void *user, int rc, const kvzip_answer_stats *st)
+{
+    job *j = user;
+    server *sv = j->srv;
+    finish_job(sv, j, j->key, j->ss, rc, *st, rc ? kvzip_errdetail() : NULL, NULL);
+    j->key = NULL;
+    j->ss = NULL;
+    job_unref(j);
+    job_released(sv);
+}
+
+/* --max-batch > 1: open the job's session and hand it to the batch; the job ends in
+ * batch_done. 1 when it was submitted. */
+static int submit_job(server *sv, job *j)
+{
+    kvzip_session *ss;
+    char *key;
+    int rc = open_job_session(sv, j, &ss, &key);
+    if (!rc) {
+        j->ss = ss;
+        j->key = key;
+        rc = kvzip_batch_submit(sv->batch, ss, j->question, on_token, batch_done, j);
+        if (!rc) return 1;
+        j->ss = NULL;
+        j->key = NULL;
+    }
+    kvzip_answer_stats as = {0};
+    finish_job(sv, j, key, ss, rc, as, kvzip_errdetail(), NULL);
+    return 0;
+}
+
+/* The scheduler thread (--max-batch > 1): steps the batch while it has answers. */
+static void *sched_main(void *arg)
+{
+    server *sv = arg;
+    while (!atomic_load(&sv->sched_stop)) {
+        const int n = kvzip_batch_step(sv->batch);
+        kvzip_batch_info bi;
+        kvzip_batch_info_get(sv->batch, &bi);
+        pthread_mutex_lock(&sv->mt.mu);
+        if (bi.last_step_size > 0) {
+            histo_add(&sv->mt.bsize, BSIZE_B, NBSIZE, bi.last_step_size);
+            histo_add(&sv->mt.bstep, STEP_B, NSTEP, bi.last_step_s);
+        }
+        sv->mt.bsteps = bi.steps;
+        sv->mt.brunning = bi.running;
+        sv->mt.bwaiting = bi.waiting;
+        pthread_mutex_unlock(&sv->mt.mu);
+        if (n == 0) kvzip_batch_wait(sv->batch, 0.1);
+    }
+    return NULL;
+}
+
 static void *worker_main(void *arg)
 {
     server *sv = arg;
@@ -509,11 +609,13 @@ static void *worker_main(void *arg)
         pthread_mutex_lock(&j->mu);
         j->started = 1;
         pthread_mutex_unlock(&j->mu);
-        run_job(sv, j);
+        if (sv->batch) {
+            if (submit_job(sv, j)) continue; /* the job's reference and slot go to batch_done */
+        } else {
+            run_job(sv, j);
+        }
         job_unref(j);
-        pthread_mutex_lock(&sv->qmu);
-        sv->busy--;
-        pthread_mutex_unlock(&sv->qmu);
+        job_released(sv);
     }
     return NULL;
 }
@@ -926,9 +1028,17 @@ static enum MHD_Result metrics_page(server *sv, struct MHD_Connection *c)
     pthread_mutex_unlock(&sv->cmu);
     P("# TYPE kvzip_queue_depth gauge\nkvzip_queue_depth %d\n", qd);
     P("# TYPE kvzip_workers_busy gauge\nkvzip_workers_busy %d\n", busy);
+    if (sv->batch) {
+        P("# HELP kvzip_batch_running Answers decoding in the batch.\n# TYPE kvzip_batch_running gauge\n"
+          "kvzip_batch_running %d\n", m.brunning);
+        P("# HELP kvzip_batch_waiting Answers submitted to the batch, not admitted yet.\n"
+          "# TYPE kvzip_batch_waiting gauge\nkvzip_batch_waiting %d\n", m.bwaiting);
+        P("# TYPE kvzip_batch_steps_total counter\nkvzip_batch_steps_total %llu\n", (unsigned long long)m.bsteps);
+    }
     const struct { const char *name; const histo *h; const double *b; size_t nb; } hs[] = {
-        {"kvzip_ttft_seconds", &m.ttft, TTFT_B, NTTFT}, {"kvzip_token_latency_seconds", &m.tok, TOK_B, NTOK}};
-    for (int k = 0; k < 2; k++) {
+        {"kvzip_ttft_seconds", &m.ttft, TTFT_B, NTTFT}, {"kvzip_token_latency_seconds", &m.tok, TOK_B, NTOK},
+        {"kvzip_batch_size", &m.bsize, BSIZE_B, NBSIZE}, {"kvzip_batch_step_seconds", &m.bstep, STEP_B, NSTEP}};
+    for (int k = 0; k < (sv->batch ? 4 : 2); k++) {
         P("# TYPE %s histogram\n", hs[k].name);
         for (size_t i = 0; i < hs[k].nb; i++)
             P("%s_bucket{le=\"%g\"} %llu\n", hs[k].name, hs[k].b[i], (unsigned long long)hs[k].h->count[i]);
@@ -1075,17 +1185,26 @@ int kvz_serve_run(kvzip_model *m, kvzip_store *s, const kvz_serve_opts *o)
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    int rc = 0, sched = 0;
+    if (o->max_batch > 1) {
+        kvzip_batch_opts bo;
+        kvzip_batch_defaults(&bo);
+        bo.max_seqs = o->max_batch;
+        if ((rc = kvzip_batch_open(m, &bo, &sv->batch)) == 0) {
+            if (pthread_create(&sv->sched, NULL, sched_main, sv)) rc = KVZIP_ERR_NOMEM;
+            else sched = 1;
+        }
+    }
     int nw = 0;
-    for (; nw < o->workers; nw++)
+    for (; !rc && nw < o->workers; nw++)
         if (pthread_create(&sv->workers[nw], NULL, worker_main, sv)) break;
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o->port)};
-    int rc = 0;
     struct MHD_Daemon *d = NULL;
-    if (inet_pton(AF_INET, o->host, &addr.sin_addr) != 1) rc = KVZIP_ERR_ARG;
-    else if (nw < o->workers) rc = KVZIP_ERR_NOMEM;
-    else {
+    if (!rc && inet_pton(AF_INET, o->host, &addr.sin_addr) != 1) rc = KVZIP_ERR_ARG;
+    if (!rc && nw < o->workers) rc = KVZIP_ERR_NOMEM;
+    if (!rc) {
         /* connections: the queue, the running jobs, and some for health/metrics/refusals */
-        unsigned limit = (unsigned)(o->max_queue + o->workers + 32);
+        unsigned limit = (unsigned)(o->max_queue + (sv->batch ? o->max_batch : o->workers) + 32);
         d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
                              0, NULL, NULL, handle, sv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                              MHD_OPTION_NOTIFY_COMPLETED, completed, sv, MHD_OPTION_CONNECTION_LIMIT, limit,
@@ -1094,8 +1213,12 @@ int kvz_serve_run(kvzip_model *m, kvzip_store *s, const kvz_serve_opts *o)
     }
     if (d) {
         const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-        fprintf(stderr, "kvzip-serve: listening on http://%s:%u (%d workers, queue %d)\n", o->host,
-                di ? di->port : (unsigned)o->port, o->workers, o->max_queue);
+        if (sv->batch)
+            fprintf(stderr, "kvzip-serve: listening on http://%s:%u (%d workers, batch %d, queue %d)\n", o->host,
+                    di ? di->port : (unsigned)o->port, o->workers, o->max_batch, o->max_queue);
+        else
+            fprintf(stderr, "kvzip-serve: listening on http://%s:%u (%d workers, queue %d)\n", o->host,
+                    di ? di->port : (unsigned)o->port, o->workers, o->max_queue);
         int sig = 0;
         sigwait(&set, &sig);
         fprintf(stderr, "kvzip-serve: signal %d: stopping\n", sig);
@@ -1106,6 +1229,10 @@ int kvz_serve_run(kvzip_model *m, kvzip_store *s, const kvz_serve_opts *o)
     pthread_cond_broadcast(&sv->qcv);
     pthread_mutex_unlock(&sv->qmu);
     for (int i = 0; i < nw; i++) pthread_join(sv->workers[i], NULL);
+    /* the connection threads are gone, so every answer has ended; close ends any left */
+    atomic_store(&sv->sched_stop, 1);
+    if (sched) pthread_join(sv->sched, NULL);
+    kvzip_batch_close(sv->batch);
     for (int i = 0; i < sv->ncache; i++) {
         kvzip_session_close(sv->cache[i].ss);
         free(sv->cache[i].key);

@@ -8,8 +8,10 @@
  * Threads: libmicrohttpd runs one thread per connection (parse, validate, queue,
  * wait, write); a fixed pool of --workers threads takes jobs from one bounded FIFO
  * queue and runs them, each on its own kvzip_session (the CPU runs sessions
- * truly in parallel). A batched GPU step would replace the worker loop: take up
- * to --max-batch jobs from the same queue and decode them together (reserved). */
+ * truly in parallel). With --max-batch N > 1 the workers only open each job's
+ * session (LRU or store) and submit it to one kvzip_batch (at most N at once, the
+ * rest wait in the queue); one scheduler thread steps the batch, the token
+ * callbacks stream from it and the done callback finishes the job. */
 #ifndef KVZ_SERVE_H
 #define KVZ_SERVE_H
 
@@ -23,7 +25,7 @@ typedef struct kvz_serve_opts {
     int port;                  /* 0 = any free port (printed on stderr) */
     int workers;               /* worker threads = sessions at once (default 2) */
     int max_queue;             /* queued requests beyond the workers; more -> 503 */
-    int max_batch;             /* reserved for a batched GPU step (must be 1 on the CPU) */
+    int max_batch;             /* > 1: continuous batching of up to this many requests (kvzip_batch) */
     size_t max_body;           /* request body bytes; more -> 413 */
     int max_tokens_limit;      /* largest max_tokens a request may ask for */
     int default_max_tokens;    /* when a request gives none */

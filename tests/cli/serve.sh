@@ -12,7 +12,13 @@
 #      its new content, not from its cached old session
 #  client hang-up cancels the generation (/metrics kvzip_canceled_total); a full queue
 #  answers 503 with Retry-After; (f) kill -9 and restart: serving resumes.
+# KVZ_SERVE_BATCH=N (tests/cli/serve_batch.sh) runs every server with --max-batch N
+# (the continuous-batching scheduler), KVZ_SERVE_LOAD="CLIENTS PER TOKENS" sizes the load.
 source "$(dirname "$0")/lib.bash"
+BATCH=${KVZ_SERVE_BATCH:-1}
+read -r LC LP LT <<<"${KVZ_SERVE_LOAD:-16 2 8}"
+EXTRA=()
+[ "$BATCH" -gt 1 ] && EXTRA=(--max-batch "$BATCH")
 SRV="$BIN/kvzip-serve"
 [ -x "$SRV" ] || { echo "skip: kvzip-serve not built"; exit 77; }
 command -v curl >/dev/null || { echo "skip: curl missing (scripts/setup installs it)"; exit 77; }
@@ -30,7 +36,7 @@ printf 'Pump notes. Pump P-7 in bay 3 runs at 1450 rpm. The seal temperature is 
 
 SPID=
 start_server() { # ARGS...: start kvzip-serve on a free port; sets SPID and URL
-  "$SRV" --store "$S" --port 0 --threads 1 "$@" 2>"$T/srvlog" &
+  "$SRV" --store "$S" --port 0 --threads 1 "${EXTRA[@]}" "$@" 2>"$T/srvlog" &
   SPID=$!
   local i
   for i in $(seq 1 300); do
@@ -164,10 +170,15 @@ check "pump answer names 1450 before the re-ingest (its session is now cached)" 
 printf 'Pump notes. Pump P-7 in bay 3 runs at 2900 rpm. The seal temperature is logged every four days by the duty engineer.\n' >"$D/pump.txt"
 ( sleep 2; "$ING" --store "$S" --threads 1 --ratio 1.0 "$D/pump.txt" >"$T/ing2" 2>&1; echo $? >"$T/ing2.rc" ) &
 ING2=$!
-python3 "$SRC/tests/server/load.py" "$URL" "$KEY" vault.txt "$Q" 16 2 8 >"$T/load.json"
+code=$(post "$(ask "$Q" vault.txt "$LT")")
+LA=$(jget "$T/body" 'o["choices"][0]["message"]["content"]')
+t0=$(now)
+python3 "$SRC/tests/server/load.py" "$URL" "$KEY" vault.txt "$Q" "$LC" "$LP" "$LT" "$LA" >"$T/load.json"
+t1=$(now)
 wait "$ING2"
-echo "load (16 clients x 2 requests, 8 tokens): $(cat "$T/load.json")"
-check "load: 32 answered, 0 errors" jget "$T/load.json" 'exit(0 if o["ok"] == 32 and o["errors"] == 0 else 1)'
+echo "load ($LC clients x $LP requests, $LT tokens, batch $BATCH, $(secs "$t0" "$t1") s): $(cat "$T/load.json")"
+check "load: $((LC * LP)) answered, 0 errors" jget "$T/load.json" "exit(0 if o['ok'] == $((LC * LP)) and o['errors'] == 0 else 1)"
+check "load: every answer is the one a request alone gets ('$LA')" jget "$T/load.json" 'exit(0 if o["mismatch"] == 0 else 1)'
 check "re-ingest during the load succeeded ($(cat "$T/ing2" | tail -1))" test "$(cat "$T/ing2.rc")" = 0
 code=$(post "$(ask "$PQ" pump.txt)")
 PA=$(jget "$T/body" 'o["choices"][0]["message"]["content"]')
@@ -179,6 +190,12 @@ check "/metrics: TTFT histogram and token counter" grep -q '^kvzip_ttft_seconds_
 check "/metrics: queue depth gauge" grep -q '^kvzip_queue_depth 0' "$T/metrics"
 echo "cache: $(grep -E '^kvzip_(cache|doc_loads)' "$T/metrics" | tr '\n' ' ')"
 check "/metrics: the load reused decoded sessions (cache hits > 0)" grep -q '^kvzip_cache_hits_total [1-9]' "$T/metrics"
+if [ "$BATCH" -gt 1 ]; then
+  echo "batch: $(grep -E '^kvzip_batch_(steps_total|size_sum|size_count|step_seconds_sum|size_bucket\{le="1"\})' "$T/metrics" | tr '\n' ' ')"
+  check "/metrics: decode steps of more than one request ran (kvzip_batch_size)" \
+    awk '/^kvzip_batch_size_bucket\{le="1"\}/ {one = $2} /^kvzip_batch_size_count/ {n = $2} END {exit !(n > one && one >= 0)}' "$T/metrics"
+  check "/metrics: batch gauges idle after the load" grep -q '^kvzip_batch_running 0' "$T/metrics"
+fi
 
 # ---- (f) kill -9 and restart ----
 kill -9 "$SPID"; wait "$SPID" 2>/dev/null
@@ -190,13 +207,14 @@ check "SIGTERM: clean exit 0" test $? = 0
 
 # ---- a full queue: 503 + Retry-After ----
 start_server --workers 1 --max-queue 1 --budget 64
-for i in 1 2 3 4 5; do
+NF=$((BATCH + 4))   # more than the answering slots (1 worker, or the batch) + the queue of 1
+for i in $(seq 1 $NF); do
   curl -s -D "$T/h$i" -o /dev/null -w '%{http_code}\n' "$URL/v1/chat/completions" -d "$(ask "$Q" vault.txt 40)" >"$T/c$i" &
 done
 wait $(jobs -p | grep -v "^$SPID\$")
-codes=$(cat "$T"/c? | sort | uniq -c | tr '\n' ' ')
-echo "5 at once on 1 worker + queue 1: $codes"
-check "some answered 200, the rest 503" test -z "$(cat "$T"/c? | grep -v '^200$' | grep -v '^503$')" -a "$(grep -l '^200$' "$T"/c? | wc -l)" -ge 1
-check "at least one 503 with Retry-After" grep -qi '^retry-after: 1' $(grep -l '^503$' "$T"/c? | sed 's/c\([0-9]\)$/h\1/' | head -1) /dev/null
+codes=$(cat "$T"/c[0-9]* | sort | uniq -c | tr '\n' ' ')
+echo "$NF at once on 1 worker (batch $BATCH) + queue 1: $codes"
+check "some answered 200, the rest 503" test -z "$(cat "$T"/c[0-9]* | grep -v '^200$' | grep -v '^503$')" -a "$(grep -l '^200$' "$T"/c[0-9]* | wc -l)" -ge 1
+check "at least one 503 with Retry-After" grep -qi '^retry-after: 1' $(grep -l '^503$' "$T"/c[0-9]* | sed 's/c\([0-9]*\)$/h\1/' | head -1) /dev/null
 kill "$SPID"; wait "$SPID"
 finish
