@@ -89,6 +89,8 @@ int kvz_cuda_kv_out_rows(const kvz_kv *kv, int32_t layer, uint16_t *k, uint16_t 
 uint64_t kvz_cuda_mem_peak(void);
 /** Batch-1 decode steps replayed from a CUDA graph so far (KVZ_CUDA_GRAPH=0: graphs off). */
 uint64_t kvz_cuda_graph_launches(void);
+/** Batched steps (forward_multi, n >= 2) replayed from a CUDA graph so far. */
+uint64_t kvz_cuda_multi_graph_launches(void);
 
 #ifdef __cplusplus
 }

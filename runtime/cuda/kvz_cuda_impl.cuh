@@ -91,6 +91,12 @@ struct kvz_cuda_model {
     size_t mb_ws_bytes;
     float *mb_logits;   /* (mb_logits_n, n_vocab) */
     int32_t mb_logits_n;
+    /* the batched step as a CUDA graph (captured on the second step of one shape, replayed
+     * while the shape stays: n, the split geometry's inputs, the buffers) */
+    cudaGraphExec_t mb_gexec;
+    struct mb_graph_key { const void *act, *seq, *ws, *logits; int32_t n, max_slot; int64_t max_len; } mb_gkey;
+    long long *mb_gsum; /* (n_layer) sum_len of the captured step */
+    int mb_gseen, mb_gdisabled;
 };
 
 /* ====================================================================== */

@@ -103,6 +103,77 @@ static int batchable(const kvz_model *m, kvz_kv *const *kv, int32_t n)
     return 1;
 }
 
+static uint64_t g_mb_graph_launches;
+extern "C" uint64_t kvz_cuda_multi_graph_launches(void) { return g_mb_graph_launches; }
+
+static int graph_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("KVZ_CUDA_GRAPH");
+        on = !(e && e[0] == '0');
+    }
+    return on;
+}
+
+/* Run the enqueued step, through a CUDA graph when the shape repeats: the inputs
+ * (descriptors, tokens, positions) are in fixed device buffers uploaded before the
+ * launch, so one graph serves any caches of the same shape. Captured on the second
+ * step with one shape (the first runs eagerly); a failed capture turns graphs off for
+ * the model (eager from then on, as the single-cache decode step does). */
+template <typename F>
+static int graph_step(kvz_model *m, int32_t n, int64_t max_len, int32_t max_slot, const long long *sum_len,
+                      const act_view &a, F enqueue)
+{
+    kvz_cuda_model *g = m->cuda;
+    const cudaStream_t s = g->s;
+    const int32_t NL = m->cfg.n_layer;
+    if (!graph_on() || g->mb_gdisabled) return enqueue();
+    kvz_cuda_model::mb_graph_key key;
+    memset(&key, 0, sizeof key);
+    key.act = a.x; key.seq = g->mb_seq_d; key.ws = g->mb_ws; key.logits = g->mb_logits;
+    key.n = n; key.max_slot = max_slot; key.max_len = max_len;
+    if (!g->mb_gsum) {
+        g->mb_gsum = (long long *)calloc((size_t)NL, sizeof(long long));
+        if (!g->mb_gsum) return enqueue();
+    }
+    if (memcmp(&key, &g->mb_gkey, sizeof key) || memcmp(sum_len, g->mb_gsum, (size_t)NL * sizeof(long long))) {
+        if (g->mb_gexec) cudaGraphExecDestroy(g->mb_gexec);
+        g->mb_gexec = NULL;
+        g->mb_gkey = key;
+        memcpy(g->mb_gsum, sum_len, (size_t)NL * sizeof(long long));
+        g->mb_gseen = 0;
+    }
+    if (!g->mb_gexec && g->mb_gseen >= 1) {
+        cudaGraph_t graph = NULL;
+        int rc = 0;
+        if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) rc = KVZ_ERR_CUDA;
+        if (!rc) {
+            rc = enqueue();
+            cudaError_t e = cudaStreamEndCapture(s, &graph);
+            if (!rc && e != cudaSuccess) rc = KVZ_ERR_CUDA;
+        }
+        if (!rc && cudaGraphInstantiate(&g->mb_gexec, graph, 0) != cudaSuccess) {
+            g->mb_gexec = NULL;
+            rc = KVZ_ERR_CUDA;
+        }
+        if (graph) cudaGraphDestroy(graph);
+        if (rc) { /* eager from now on for this model */
+            cudaGetLastError();
+            kvz_error_clear();
+            g->mb_gdisabled = 1;
+            g->mb_gexec = NULL;
+        }
+    }
+    if (g->mb_gexec) {
+        KVZ_CUDA_TRY(cudaGraphLaunch(g->mb_gexec, s));
+        g_mb_graph_launches++;
+        return 0;
+    }
+    g->mb_gseen++;
+    return enqueue();
+}
+
 extern "C" int kvz_cuda_forward_multi(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, const int32_t *pos,
                                       int32_t n, float *logits)
 {
@@ -180,27 +251,35 @@ extern "C" int kvz_cuda_forward_multi(kvz_model *m, kvz_kv *const *kv, const int
             rc = kvz_error_set(KVZ_ERR_CUDA, "forward_multi: upload: %s", cudaGetErrorString(cudaGetLastError()));
             break;
         }
-        STEP(kvz_cuda_embed(s, g->tok_embd, c->n_vocab, d, a.tok, n, a.x, KVZ_CUDA_F32));
-        for (int32_t l = 0; l < NL && !rc; l++) {
-            const cuda_layer *L = &g->L[l];
-            const kvz_cuda_seq *sd = g->mb_seq_d + (size_t)l * n;
-            STEP(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a.x, NULL, KVZ_CUDA_F32, L->attn_norm, a.xn, KVZ_CUDA_BF16));
-            STEP(kvz_cuda_linear(g->blas, s, n, d, nqkv, a.xn, d, L->wqkv, L->bqkv, a.qkv, KVZ_CUDA_BF16, nqkv, 0.f));
-            STEP(kvz_cuda_rope(s, n, c->n_head, nkv, hd, a.qkv, nqkv, a.qkv + qd, nqkv, a.pos, c->rope_theta, rl,
-                               L->q_norm, L->k_norm, c->norm_eps));
-            STEP(kvz_cuda_outbuf_write_multi(s, n, nkv, hd, a.qkv + qd, nqkv, a.qkv + qd + kvd, nqkv, a.pos, sd));
-            STEP(kvz_cuda_attn_decode_multi(s, n, c->n_head, nkv, hd, a.qkv, nqkv, a.pos, sd, (int)max_len, sum_len[l], max_slot,
-                                            a.att, qd, g->mb_ws, g->mb_ws_bytes));
-            STEP(kvz_cuda_linear(g->blas, s, n, qd, d, a.att, qd, L->wo, NULL, a.x, KVZ_CUDA_F32, d, 1.f));
-            STEP(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a.x, NULL, KVZ_CUDA_F32, L->ffn_norm, a.xn, KVZ_CUDA_BF16));
-            STEP(kvz_cuda_linear(g->blas, s, n, d, 2 * ff, a.xn, d, L->wgu, NULL, a.gu, KVZ_CUDA_BF16, 2 * ff, 0.f));
-            STEP(kvz_cuda_swiglu(s, n, ff, a.gu, 2 * ff, a.gu + ff, 2 * ff, a.hb, ff));
-            STEP(kvz_cuda_linear(g->blas, s, n, ff, d, a.hb, ff, L->wdown, NULL, a.x, KVZ_CUDA_F32, d, 1.f));
-        }
+        auto enqueue = [&]() -> int {
+            int rc = 0;
+            do {
+            STEP(kvz_cuda_embed(s, g->tok_embd, c->n_vocab, d, a.tok, n, a.x, KVZ_CUDA_F32));
+            for (int32_t l = 0; l < NL && !rc; l++) {
+                const cuda_layer *L = &g->L[l];
+                const kvz_cuda_seq *sd = g->mb_seq_d + (size_t)l * n;
+                STEP(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a.x, NULL, KVZ_CUDA_F32, L->attn_norm, a.xn, KVZ_CUDA_BF16));
+                STEP(kvz_cuda_linear(g->blas, s, n, d, nqkv, a.xn, d, L->wqkv, L->bqkv, a.qkv, KVZ_CUDA_BF16, nqkv, 0.f));
+                STEP(kvz_cuda_rope(s, n, c->n_head, nkv, hd, a.qkv, nqkv, a.qkv + qd, nqkv, a.pos, c->rope_theta, rl,
+                                   L->q_norm, L->k_norm, c->norm_eps));
+                STEP(kvz_cuda_outbuf_write_multi(s, n, nkv, hd, a.qkv + qd, nqkv, a.qkv + qd + kvd, nqkv, a.pos, sd));
+                STEP(kvz_cuda_attn_decode_multi(s, n, c->n_head, nkv, hd, a.qkv, nqkv, a.pos, sd, (int)max_len, sum_len[l], max_slot,
+                                                a.att, qd, g->mb_ws, g->mb_ws_bytes));
+                STEP(kvz_cuda_linear(g->blas, s, n, qd, d, a.att, qd, L->wo, NULL, a.x, KVZ_CUDA_F32, d, 1.f));
+                STEP(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a.x, NULL, KVZ_CUDA_F32, L->ffn_norm, a.xn, KVZ_CUDA_BF16));
+                STEP(kvz_cuda_linear(g->blas, s, n, d, 2 * ff, a.xn, d, L->wgu, NULL, a.gu, KVZ_CUDA_BF16, 2 * ff, 0.f));
+                STEP(kvz_cuda_swiglu(s, n, ff, a.gu, 2 * ff, a.gu + ff, 2 * ff, a.hb, ff));
+                STEP(kvz_cuda_linear(g->blas, s, n, ff, d, a.hb, ff, L->wdown, NULL, a.x, KVZ_CUDA_F32, d, 1.f));
+            }
+            if (rc) break;
+            STEP(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a.x, NULL, KVZ_CUDA_F32, g->out_norm, a.xn, KVZ_CUDA_BF16));
+            STEP(kvz_cuda_linear(g->blas, s, n, d, c->n_vocab, a.xn, d, g->output, NULL, g->mb_logits, KVZ_CUDA_F32,
+                                 c->n_vocab, 0.f));
+            } while (0);
+            return rc;
+        };
+        rc = graph_step(m, n, max_len, max_slot, sum_len, a, enqueue);
         if (rc) break;
-        STEP(kvz_cuda_rmsnorm(s, n, d, c->norm_eps, a.x, NULL, KVZ_CUDA_F32, g->out_norm, a.xn, KVZ_CUDA_BF16));
-        STEP(kvz_cuda_linear(g->blas, s, n, d, c->n_vocab, a.xn, d, g->output, NULL, g->mb_logits, KVZ_CUDA_F32,
-                             c->n_vocab, 0.f));
         cudaError_t e = cudaMemcpyAsync(logits, g->mb_logits, (size_t)n * V * 4, cudaMemcpyDeviceToHost, s);
         if (e == cudaSuccess) e = cudaStreamSynchronize(s);
         if (e != cudaSuccess) rc = kvz_error_set(KVZ_ERR_CUDA, "forward_multi: %s", cudaGetErrorString(e));

@@ -10,13 +10,15 @@
  * LongFlow output buffer of 8..16 slots (differing per cache) with 2 sinks, so the
  * buffers fill and then evict inside the run. STEPS steps; each step a random subset of
  * the caches (1..NC of them, random order: sequences join and leave) takes one token at
- * its own next position. Asserted:
+ * its own next position; the last GRAPH_STEPS steps take every cache in one fixed batch,
+ * so the batched step's CUDA graph is captured and replayed (counted). Asserted:
  *   - logits: ‖batched − single‖ / ‖single‖ <= TOL for every row of every step. Both are
  *     bf16 GEMMs with fp32 accumulation, but the single path's batch-1 GEMVs sum in
  *     another order than cuBLAS's n-row GEMM and the attention runs with another split
  *     count, so bf16-rounded activations differ by an ulp here and there and the
- *     difference grows through the layers (measured here: printed); 3e-2 is well above
- *     that and well below what a wrong cache, position or slot gives (O(1));
+ *     difference grows through the layers (printed; worst seen on the H200 over 7 runs
+ *     of the 3 models: 2.1e-2); 5e-2, the tolerance test_backend allows GPU vs CPU, is
+ *     above that and far below what a wrong cache, position or slot gives (O(1));
  *   - argmax equal on every row, unless the single path's top two are within TIE·std
  *     (a near-tie an ulp can flip; counted and printed, at most 1 in 20 rows);
  *   - host mirrors equal: out_used, newest, evictions of every cache after every step
@@ -42,10 +44,11 @@
 #include "kvz_model.h"
 #include "kvz_model_impl.h" /* white-box: the host mirror of the output buffer */
 
-#define TOL 3e-2
+#define TOL 5e-2
 #define TIE 0.05
 #define NC 6
 #define STEPS 28
+#define GRAPH_STEPS 6 /* last steps with every cache in one fixed batch */
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 static int32_t rnd(int32_t n)
@@ -217,14 +220,17 @@ static void test_model(const char *name, int32_t len0, kvz_model *other)
         }
         kvz_error_clear();
     }
+    const uint64_t g0 = kvz_cuda_multi_graph_launches();
     double emax = 0;
     int64_t rows = 0, ties = 0, am_bad = 0, set_eq = 0, set_n = 0, batched_steps = 0, mirror_bad = 0;
     int32_t *pa = malloc(sizeof(int32_t) * 16), *pb = malloc(sizeof(int32_t) * 16);
     for (int st = 0; st < STEPS; st++) {
         /* a random subset in random order: n = 1 sometimes (the single path), else 2..NC */
         int32_t idx[NC], n = st % 7 == 3 ? 1 : 2 + rnd(NC - 1);
+        const int same = st >= STEPS - GRAPH_STEPS; /* the last steps: one batch, so its CUDA graph replays */
+        if (same) n = NC;
         for (int i = 0; i < NC; i++) idx[i] = i;
-        for (int i = NC - 1; i > 0; i--) {
+        for (int i = NC - 1; i > 0 && !same; i--) {
             int j = rnd(i + 1), t = idx[i];
             idx[i] = idx[j];
             idx[j] = t;
@@ -265,6 +271,12 @@ static void test_model(const char *name, int32_t len0, kvz_model *other)
             P[i]++;
             tok[i] = argmax(ls, Vn); /* both follow the single path's tokens */
         }
+    }
+    const uint64_t replays = kvz_cuda_multi_graph_launches() - g0;
+    printf("  batched steps replayed from a CUDA graph: %llu\n", (unsigned long long)replays);
+    {
+        const char *ge = getenv("KVZ_CUDA_GRAPH");
+        if (!(ge && ge[0] == '0')) CHECK(replays >= GRAPH_STEPS - 2); /* eager, capture, then replays */
     }
     int64_t evs = 0;
     for (int i = 0; i < NC; i++) {
