@@ -18,6 +18,7 @@
 #ifndef KVZ_ATTN_H
 #define KVZ_ATTN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -33,6 +34,27 @@ void kvz_attn_scores(int isa, const float *q, int grp, int hd, const float *k, i
  *  v_t = v + t·ldv. */
 void kvz_attn_pv(int isa, const float *p, int64_t ldp, int grp, const float *v, int64_t ldv, int64_t nt,
                  int hd, float *o);
+
+/*
+ * Prefill attention (many queries), flash-style: one KV head's block of nq query
+ * tokens, each with grp query heads (rows r = i·grp + g), against keys/values
+ * 0..vis[i]-1 of a run of rows (k_t = k + t·ldkv, v_t = v + t·ldkv). Keys go in
+ * tiles of KVZ_ATTN_FLASH_KT: the scores of 6 rows x 16 keys at a time in
+ * registers (keys packed transposed per tile), an online softmax per row (running
+ * max and sum, the output rescaled when the max grows), and the probability-weighted
+ * values added in registers; a tile no row of a 6-row group sees is skipped (the
+ * causal triangle). Nothing of size nq x keys is kept, so the block fits in L1/L2.
+ *
+ * o[i·ldo + g·hd + d] = Σ_t softmax_t(scale · q_{i,g}·k_t) v_t[d] over t < vis[i]
+ * (zeros when vis[i] == 0); q_{i,g} = q + i·ldq + g·hd. fp32 throughout; the
+ * scalar path walks the keys one at a time with the same online update.
+ * work: kvz_attn_flash_work_floats(nq, grp, hd) floats, 32-byte aligned.
+ */
+#define KVZ_ATTN_FLASH_KT 64
+size_t kvz_attn_flash_work_floats(int nq, int grp, int hd);
+void kvz_attn_flash(int isa, const float *q, int64_t ldq, int nq, int grp, int hd, const int64_t *vis,
+                    const float *k, const float *v, int64_t ldkv, float scale, float *o, int64_t ldo,
+                    float *work);
 
 #ifdef __cplusplus
 }

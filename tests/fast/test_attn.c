@@ -12,6 +12,7 @@
  * and the output buffer, and bounded decoding must reproduce unbounded decoding
  * bit for bit). */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "kvz_attn.h"
 #include "kvz_qdot.h"
@@ -106,8 +107,86 @@ static void trial(int hd, int grp, int64_t nt)
     free(q); free(k); free(p); free(s); free(s2); free(o); free(o2); free(o0);
 }
 
+/* Prefill (flash) attention, one KV head's query block: nq queries x grp heads,
+ * keys 0..vis[i]-1 of a run of nk rows. Truth: the softmax over the visible keys
+ * and the weighted value sum in double. Tolerance per output: fp32 error of the
+ * scores (4e-7·sqrt(hd)·max_t scale·Σ|q·k|, relative in p) and of the sums
+ * (4e-7·sqrt(nk)), times max|v| over the visible keys; a key masked wrongly moves
+ * an output by p_t·|v_t - o| >= ~1/nk·|v| (scores kept moderate: qmag <= 1 in most
+ * trials). Causal visibility (a block at offset pos0), some queries seeing nothing,
+ * and arbitrary non-monotone vis; tiles of 64 keys with tails; 6-row groups with
+ * padding. */
+static int flash_fails[3];
+static double flash_worst;
+
+static void flash_trial(int hd, int grp, int nq, int64_t pos0, int kind, float qmag)
+{
+    const int64_t nk = pos0 + nq, ldkv = hd + (rnd() % 2 ? 0 : 8), ldq = (int64_t)grp * hd + (rnd() % 2 ? 0 : 16);
+    float *q = malloc(sizeof(float) * (size_t)(nq * ldq)), *k = malloc(sizeof(float) * (size_t)(nk * ldkv));
+    float *v = malloc(sizeof(float) * (size_t)(nk * ldkv)), *o = malloc(sizeof(float) * (size_t)(nq * ldq));
+    int64_t *vis = malloc(sizeof(int64_t) * (size_t)nq);
+    float *work = aligned_alloc(32, (kvz_attn_flash_work_floats(nq, grp, hd) * sizeof(float) + 31) / 32 * 32);
+    double *pr = malloc(sizeof(double) * (size_t)nk);
+    for (int64_t i = 0; i < nq * ldq; i++) q[i] = qmag * (2.0f * rndu() - 1.0f);
+    for (int64_t i = 0; i < nk * ldkv; i++) k[i] = 2.0f * rndu() - 1.0f;
+    for (int64_t i = 0; i < nk * ldkv; i++) v[i] = (rnd() % 50 ? 1.0f : 100.0f) * (2.0f * rndu() - 1.0f);
+    for (int i = 0; i < nq; i++) {
+        vis[i] = pos0 + i + 1;                                     /* causal */
+        if (kind == 1 && i < nq / 3) vis[i] = 0;                   /* sees nothing */
+        if (kind == 2) vis[i] = (int64_t)(rnd() % (uint32_t)(nk + 1)); /* arbitrary */
+    }
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int isa = KVZ_ISA_SCALAR; isa <= kvz_qdot_cpu_isa(); isa++) {
+        for (int64_t i = 0; i < nq * ldq; i++) o[i] = NAN;
+        kvz_attn_flash(isa, q, ldq, nq, grp, hd, vis, k, v, ldkv, scale, o, ldq, work);
+        for (int i = 0; i < nq; i++)
+            for (int g = 0; g < grp; g++) {
+                const float *qr = q + i * ldq + g * hd;
+                double mx = -INFINITY, smag = 0, sum = 0;
+                for (int64_t t = 0; t < vis[i]; t++) {
+                    double sd = 0, m = 0;
+                    for (int d = 0; d < hd; d++) {
+                        sd += (double)qr[d] * k[t * ldkv + d];
+                        m += fabs((double)qr[d] * k[t * ldkv + d]);
+                    }
+                    pr[t] = sd * scale;
+                    mx = pr[t] > mx ? pr[t] : mx;
+                    smag = m * scale > smag ? m * scale : smag;
+                }
+                for (int64_t t = 0; t < vis[i]; t++) sum += (pr[t] = exp(pr[t] - mx));
+                for (int d = 0; d < hd; d++) {
+                    double tr = 0, vmax = 0;
+                    for (int64_t t = 0; t < vis[i]; t++) {
+                        tr += pr[t] / sum * v[t * ldkv + d];
+                        vmax = fabs(v[t * ldkv + d]) > vmax ? fabs(v[t * ldkv + d]) : vmax;
+                    }
+                    const double got = o[i * ldq + g * hd + d], err = fabs(got - tr);
+                    const double tol = (4e-7 * sqrt((double)hd) * (1.0 + smag) + 4e-7 * sqrt((double)nk + 1)) * vmax;
+                    if (!(err <= tol) && flash_fails[isa]++ < 5)
+                        fprintf(stderr, "flash %s hd=%d grp=%d nq=%d pos0=%lld kind=%d q%d g%d d%d: got %.9g truth %.9g (tol %.3g)\n",
+                                kvz_isa_name(isa), hd, grp, nq, (long long)pos0, kind, i, g, d, got, tr, tol);
+                    if (vmax > 0 && err / vmax > flash_worst) flash_worst = err / vmax;
+                }
+            }
+    }
+    free(q); free(k); free(v); free(o); free(vis); free(work); free(pr);
+}
+
 int main(void)
 {
+    static const int FHD[] = {64, 128, 16, 40};
+    int fruns = 0;
+    for (size_t h = 0; h < sizeof FHD / sizeof FHD[0]; h++)
+        for (int r = 0; r < 24; r++) {
+            const int grp = 1 + (int)(rnd() % 7), nq = 1 + (int)(rnd() % (r < 8 ? 8 : 70));
+            const int64_t pos0 = r % 4 == 0 ? 0 : (int64_t)(rnd() % 200);
+            flash_trial(FHD[h], grp, nq, pos0, r % 3, r % 6 == 5 ? 8.0f : 1.0f);
+            fruns++;
+        }
+    printf("attn flash: %d runs, worst |err|/max|v| = %.2g\n", fruns, flash_worst);
+    for (int isa = 0; isa <= kvz_qdot_cpu_isa(); isa++)
+        CHECKF(flash_fails[isa] == 0, "flash: %d results out of tolerance on %s", flash_fails[isa], kvz_isa_name(isa));
+
     static const int HD[] = {64, 128, 24, 40};
     int runs = 0;
     for (size_t h = 0; h < sizeof HD / sizeof HD[0]; h++)
