@@ -35,18 +35,50 @@ static void pv_ref(const float *p, int64_t ldp, int grp, const float *v, int64_t
         }
 }
 
+static inline int key_seen(const kvz_attn_keys *kk, const int64_t *vis, const int32_t *qpos, int i, int64_t t)
+{
+    if (t < kk->n) return t < vis[i];
+    const int32_t op = kk->opos[t - kk->n];
+    return op >= 0 && op <= qpos[i];
+}
+static inline const float *key_row(const kvz_attn_keys *kk, int64_t t)
+{
+    return t < kk->n ? kk->k + (size_t)t * kk->ld : kk->ok + (size_t)(t - kk->n) * kk->old;
+}
+static inline const float *val_row(const kvz_attn_keys *kk, int64_t t)
+{
+    return t < kk->n ? kk->v + (size_t)t * kk->ld : kk->ov + (size_t)(t - kk->n) * kk->old;
+}
+/* one past the last key any query sees */
+static int64_t keys_end(const kvz_attn_keys *kk, const int64_t *vis, const int32_t *qpos, int nq)
+{
+    int64_t e = 0;
+    for (int i = 0; i < nq; i++) {
+        int64_t ei = vis[i] < kk->n ? vis[i] : kk->n;
+        for (int64_t j = kk->nout - 1; j >= 0; j--)
+            if (key_seen(kk, vis, qpos, i, kk->n + j)) {
+                ei = kk->n + j + 1;
+                break;
+            }
+        e = ei > e ? ei : e;
+    }
+    return e;
+}
+
 /* Keys one at a time, online softmax per row: m = running max, l = running sum of
  * exp(s - m), acc = running sum of exp(s - m) v (rescaled when m grows). */
-static void flash_ref(const float *q, int64_t ldq, int nq, int grp, int hd, const int64_t *vis, const float *k,
-                      const float *v, int64_t ldkv, float scale, float *o, int64_t ldo, float *acc)
+static void flash_ref(const float *q, int64_t ldq, int nq, int grp, int hd, const kvz_attn_keys *kk,
+                      const int64_t *vis, const int32_t *qpos, float scale, float *o, int64_t ldo, float *acc)
 {
+    const int64_t nt = kk->n + kk->nout;
     for (int i = 0; i < nq; i++)
         for (int g = 0; g < grp; g++) {
             const float *qr = q + (size_t)i * ldq + (size_t)g * hd;
             float m = -INFINITY, l = 0.0f;
             for (int d = 0; d < hd; d++) acc[d] = 0.0f;
-            for (int64_t t = 0; t < vis[i]; t++) {
-                const float *kt = k + (size_t)t * ldkv, *vt = v + (size_t)t * ldkv;
+            for (int64_t t = 0; t < nt; t++) {
+                if (!key_seen(kk, vis, qpos, i, t)) continue;
+                const float *kt = key_row(kk, t), *vt = val_row(kk, t);
                 float s = 0.0f;
                 for (int d = 0; d < hd; d++) s += qr[d] * kt[d];
                 s *= scale;
@@ -184,15 +216,14 @@ enum { FL_RC = 6, FL_KT = KVZ_ATTN_FLASH_KT };
 static size_t flash_r6(int nq, int grp) { return ((size_t)nq * grp + FL_RC - 1) / FL_RC * FL_RC; }
 
 /* hd % 16 == 0 */
-AVX2_TARGET static void flash_avx2(const float *q, int64_t ldq, int nq, int grp, int hd, const int64_t *vis,
-                                   const float *k, const float *v, int64_t ldkv, float scale, float *o,
-                                   int64_t ldo, float *work)
+AVX2_TARGET static void flash_avx2(const float *q, int64_t ldq, int nq, int grp, int hd, const kvz_attn_keys *kk,
+                                   const int64_t *vis, const int32_t *qpos, float scale, float *o, int64_t ldo,
+                                   float *work)
 {
     const size_t R6 = flash_r6(nq, grp), R = (size_t)nq * grp;
     float *Qs = work, *O = Qs + R6 * hd, *KT = O + R6 * hd, *S = KT + (size_t)hd * FL_KT, *M = S + FL_RC * FL_KT,
           *L = M + R6;
-    int64_t kmax = 0;
-    for (int i = 0; i < nq; i++) kmax = vis[i] > kmax ? vis[i] : kmax;
+    const int64_t kmax = keys_end(kk, vis, qpos, nq);
     for (size_t r = 0; r < R6; r++) {
         float *qs = Qs + r * hd;
         if (r < R) {
@@ -210,17 +241,29 @@ AVX2_TARGET static void flash_avx2(const float *q, int64_t ldq, int nq, int grp,
         /* KT[d][j] = k_{t0+j}[d]; zero columns past the run */
         for (int j = 0; j < FL_KT; j++) {
             if (j < tn) {
-                const float *kr = k + (size_t)(t0 + j) * ldkv;
+                const float *kr = key_row(kk, t0 + j);
                 for (int d = 0; d < hd; d++) KT[(size_t)d * FL_KT + j] = kr[d];
             } else {
                 for (int d = 0; d < hd; d++) KT[(size_t)d * FL_KT + j] = 0.0f;
             }
         }
         for (size_t c0 = 0; c0 < R6; c0 += FL_RC) {
+            /* cv[r]: one past the last key of the tile row r sees; a tile reaching
+             * into the output slots gets an explicit mask */
             int64_t cv[FL_RC], cmax = 0;
+            const int mixed = t0 + tn > kk->n;
+            uint8_t mk[FL_RC][FL_KT];
             for (int r = 0; r < FL_RC; r++) {
-                const int64_t vr = c0 + r < R ? vis[(c0 + r) / grp] - t0 : 0;
-                cv[r] = vr < 0 ? 0 : vr > tn ? tn : vr;
+                if (!mixed) {
+                    const int64_t vr = c0 + r < R ? vis[(c0 + r) / grp] - t0 : 0;
+                    cv[r] = vr < 0 ? 0 : vr > tn ? tn : vr;
+                } else {
+                    cv[r] = 0;
+                    for (int j = 0; j < FL_KT; j++) {
+                        mk[r][j] = c0 + r < R && j < tn && key_seen(kk, vis, qpos, (int)((c0 + r) / grp), t0 + j);
+                        if (mk[r][j]) cv[r] = j + 1;
+                    }
+                }
                 cmax = cv[r] > cmax ? cv[r] : cmax;
             }
             if (cmax == 0) continue;
@@ -254,7 +297,12 @@ AVX2_TARGET static void flash_avx2(const float *q, int64_t ldq, int nq, int grp,
                     for (int j = 0; j < ncol; j++) sr[j] = 0.0f;
                     continue;
                 }
-                for (int j = (int)cv[r]; j < ncol; j++) sr[j] = -INFINITY;
+                if (mixed) {
+                    for (int j = 0; j < ncol; j++)
+                        if (!mk[r][j]) sr[j] = -INFINITY;
+                } else {
+                    for (int j = (int)cv[r]; j < ncol; j++) sr[j] = -INFINITY;
+                }
                 __m256 mv = _mm256_set1_ps(-INFINITY);
                 for (int j = 0; j < ncol; j += 8) mv = _mm256_max_ps(mv, _mm256_load_ps(sr + j));
                 const float mx = hmax8(mv), mold = M[row], mnew = mx > mold ? mx : mold;
@@ -278,8 +326,8 @@ AVX2_TARGET static void flash_avx2(const float *q, int64_t ldq, int nq, int grp,
                     a[r][0] = _mm256_mul_ps(al, _mm256_load_ps(oc + (size_t)r * hd + d0));
                     a[r][1] = _mm256_mul_ps(al, _mm256_load_ps(oc + (size_t)r * hd + d0 + 8));
                 }
-                const float *vt = v + (size_t)t0 * ldkv + d0;
-                for (int j = 0; j < cmax; j++, vt += ldkv) {
+                for (int j = 0; j < cmax; j++) {
+                    const float *vt = val_row(kk, t0 + j) + d0;
                     const __m256 v0 = _mm256_loadu_ps(vt), v1 = _mm256_loadu_ps(vt + 8);
                     for (int r = 0; r < FL_RC; r++) {
                         const __m256 pv = _mm256_broadcast_ss(S + r * FL_KT + j);
@@ -351,15 +399,14 @@ size_t kvz_attn_flash_work_floats(int nq, int grp, int hd)
 #endif
 }
 
-void kvz_attn_flash(int isa, const float *q, int64_t ldq, int nq, int grp, int hd, const int64_t *vis,
-                    const float *k, const float *v, int64_t ldkv, float scale, float *o, int64_t ldo,
-                    float *work)
+void kvz_attn_flash(int isa, const float *q, int64_t ldq, int nq, int grp, int hd, const kvz_attn_keys *keys,
+                    const int64_t *vis, const int32_t *qpos, float scale, float *o, int64_t ldo, float *work)
 {
 #ifdef KVZ_ATTN_X86
     if (use_avx2(isa) && hd % 16 == 0) {
-        flash_avx2(q, ldq, nq, grp, hd, vis, k, v, ldkv, scale, o, ldo, work);
+        flash_avx2(q, ldq, nq, grp, hd, keys, vis, qpos, scale, o, ldo, work);
         return;
     }
 #endif
-    flash_ref(q, ldq, nq, grp, hd, vis, k, v, ldkv, scale, o, ldo, work);
+    flash_ref(q, ldq, nq, grp, hd, keys, vis, qpos, scale, o, ldo, work);
 }
