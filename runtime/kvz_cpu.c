@@ -838,9 +838,8 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
         rmsnorm(xn, x, L->ffn_norm, n, d, c->norm_eps);
         linear(L->mgu, L->n_mgu, xn, n, d, gu, 2 * ff, 0.0f, work);
         for (int32_t i = 0; i < n; i++) {
-            const float *g = gu + (size_t)i * 2 * ff, *u = g + ff;
-            float *h = hb + (size_t)i * ff;
-            for (int j = 0; j < ff; j++) h[j] = g[j] / (1.0f + kvz_expf(-g[j])) * u[j];
+            const float *g = gu + (size_t)i * 2 * ff;
+            kvz_swiglu(hb + (size_t)i * ff, g, g + ff, ff);
         }
         linear(&L->mdown, 1, hb, n, ff, x, d, 1.0f, work);
     }
