@@ -5,12 +5,15 @@
  * (clock(): on a machine shared with other work, CPU time is stretched less by
  * preemption than wall time), and per route the best wall figure.
  *
- *   build/bin/qdot_bench_prefill MODEL.gguf [T=512] [ROUNDS=3]
+ *   build/bin/qdot_bench_prefill MODEL.gguf [T=512] [ROUNDS=3] [ROUTES=2]
+ *
+ * ROUTES=1 runs the default (int8 GEMM) route only (for profiling).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
+#include "kvz_error.h"
 #include "kvz_model.h"
 
 static double now(void)
@@ -23,13 +26,14 @@ static double now(void)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: qdot_bench_prefill MODEL.gguf [T=512] [ROUNDS=3]\n");
+        fprintf(stderr, "usage: qdot_bench_prefill MODEL.gguf [T=512] [ROUNDS=3] [ROUTES=2]\n");
         return 2;
     }
     const int32_t T = argc > 2 ? atoi(argv[2]) : 512;
     const int rounds = argc > 3 ? atoi(argv[3]) : 3;
-    if (T < 1 || rounds < 1) {
-        fprintf(stderr, "qdot_bench_prefill: T and ROUNDS must be positive\n");
+    const int routes = argc > 4 ? atoi(argv[4]) : 2;
+    if (T < 1 || rounds < 1 || routes < 1 || routes > 2) {
+        fprintf(stderr, "qdot_bench_prefill: T and ROUNDS must be positive, ROUTES 1 or 2\n");
         return 2;
     }
     kvz_model *m;
@@ -44,7 +48,7 @@ int main(int argc, char **argv)
     double best[2] = {0, 0};
     int rc = 0;
     for (int r = 0; r < rounds && !rc; r++)
-        for (int route = 0; route < 2 && !rc; route++) {
+        for (int route = 0; route < routes && !rc; route++) {
             if (route) setenv("KVZ_QGEMM", "0", 1);
             else unsetenv("KVZ_QGEMM");
             kvz_kv *kv;
@@ -59,8 +63,8 @@ int main(int argc, char **argv)
             fflush(stdout);
             if (T / wall > best[route]) best[route] = T / wall;
         }
-    if (!rc) printf("best wall: int8 GEMM %.1f tok/s, SGEMM %.1f tok/s, ratio %.2fx\n", best[0], best[1], best[0] / best[1]);
-    else fprintf(stderr, "qdot_bench_prefill: forward failed\n");
+    if (rc) fprintf(stderr, "qdot_bench_prefill: forward failed: %s\n", kvz_error_detail());
+    else if (routes == 2) printf("best wall: int8 GEMM %.1f tok/s, SGEMM %.1f tok/s, ratio %.2fx\n", best[0], best[1], best[0] / best[1]);
     free(ids);
     kvz_model_free(m);
     return rc ? 1 : 0;

@@ -59,6 +59,14 @@ static int qgemm_on(void)
     return !(e && !strcmp(e, "0")) && kvz_qgemm_available();
 }
 
+/* Prefill attention runs on kvz_attn_flash; KVZ_FLASH=0 selects the SGEMM route
+ * (score rows of whole query blocks) instead (A/B, read per pass like KVZ_QGEMM). */
+static int kvz_flash_on(void)
+{
+    const char *e = getenv("KVZ_FLASH");
+    return !(e && !strcmp(e, "0"));
+}
+
 /* Weight types that go through the int8 GEMM in batched passes. Q8_0 does not:
  * its signed bytes need the sign trick and an int32 step per 4 elements, which
  * made it 0.4x the SGEMM route (bench/qdot_bench_gemm). */
@@ -410,6 +418,62 @@ static int attention_decode(kvz_kv *kv, int32_t l, const float *q, int32_t qpos,
 }
 
 /*
+ * Prefill attention without a KVzip probe and without a LongFlow eviction after the
+ * pass (the common case: a document, a prompt, a question into the output buffer):
+ * tasks (KV head, block of QB query tokens) on kvz_attn_flash, the latest (largest
+ * causal) blocks first so that the threads end together. Nothing of size queries x
+ * keys is stored, and keys past a block's causal edge are never touched. The keys
+ * are document rows [0, Lb) then the output slots, indexed as in attention() below,
+ * so a question in the output buffer gives the same bytes as in the document region.
+ * Returns 1 (nothing done) when the work buffer is too small for one block a thread.
+ */
+static int attention_flash(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t pos0, float *att,
+                           float *work, size_t work_floats)
+{
+    const kvz_config *c = &kv->m->cfg;
+    const int hd = c->head_dim, nkv = c->n_kv_head, grp = c->n_head / c->n_kv_head;
+    const int32_t B = kv->out_slots, used = B ? kv->out_used[l] : 0;
+    enum { QB_MAX = 128 };
+    int qb = 96 / grp;
+    qb = qb < 4 ? 4 : qb > QB_MAX ? QB_MAX : qb;
+    if (qb > n) qb = n;
+    const int nthr = omp_get_max_threads();
+    const size_t need = (kvz_attn_flash_work_floats(qb, grp, hd) + 7) / 8 * 8 + 8;
+    if (need * (size_t)nthr > work_floats) return 1;
+    const int isa = kvz_qdot_active_isa();
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int64_t nblk = (n + qb - 1) / qb, ldq = (int64_t)c->n_head * hd;
+    const int ostride = nkv * hd;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t task = 0; task < nkv * nblk; task++) {
+        const int h = (int)(task % nkv);
+        const int32_t i0 = (int32_t)((nblk - 1 - task / nkv) * qb);
+        const int32_t nq = n - i0 < qb ? n - i0 : qb;
+        float *w = work + (size_t)omp_get_thread_num() * need;
+        w += (8 - ((uintptr_t)w / sizeof(float)) % 8) % 8; /* 32-byte boundary */
+        const size_t seg = (size_t)l * nkv + (size_t)h;
+        const int32_t *P = kv->pos + seg * (size_t)kv->cap;
+        const int64_t len = kv->len[seg];
+        kvz_attn_keys keys = {kv->k + seg * (size_t)kv->cap * hd, kv->v + seg * (size_t)kv->cap * hd, hd,
+                              visible(P, len, pos0 + i0 + nq - 1), NULL, NULL, ostride, used, NULL};
+        if (used) {
+            keys.ok = kv->ok + ((size_t)l * B * nkv + (size_t)h) * hd;
+            keys.ov = kv->ov + ((size_t)l * B * nkv + (size_t)h) * hd;
+            keys.opos = kv->opos + (size_t)l * B;
+        }
+        int64_t vis[QB_MAX];
+        int32_t qpos[QB_MAX];
+        for (int32_t i = 0; i < nq; i++) {
+            qpos[i] = pos0 + i0 + i;
+            vis[i] = visible(P, keys.n, qpos[i]);
+        }
+        const size_t off = ((size_t)i0 * c->n_head + (size_t)h * grp) * hd;
+        kvz_attn_flash(isa, q + off, ldq, nq, grp, hd, &keys, vis, qpos, scale, att + off, ldq, w);
+    }
+    return 0;
+}
+
+/*
  * Attention of n queries q (n, n_head, hd) at positions pos0.. over layer l's
  * cache (document segments + output buffer), output att (n, n_head*hd).
  * Tasks (KV head, query block) run in parallel; each thread owns a slice of work.
@@ -431,6 +495,9 @@ static int attention(kvz_kv *kv, int32_t l, const float *q, int32_t n, int32_t p
         if (full_after) choose_victim(kv, l, lf);
         return 0;
     }
+    if (!kv->probe.scores && !full_after && kvz_flash_on() &&
+        !attention_flash(kv, l, q, n, pos0, att, work, work_floats - (size_t)nkv * B))
+        return 0;
     const int nthr = omp_get_max_threads();
     const size_t slice = (work_floats - (size_t)nkv * B) / (size_t)nthr;
     int64_t wmax = 0;
@@ -771,9 +838,8 @@ static int forward_batch(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_
         rmsnorm(xn, x, L->ffn_norm, n, d, c->norm_eps);
         linear(L->mgu, L->n_mgu, xn, n, d, gu, 2 * ff, 0.0f, work);
         for (int32_t i = 0; i < n; i++) {
-            const float *g = gu + (size_t)i * 2 * ff, *u = g + ff;
-            float *h = hb + (size_t)i * ff;
-            for (int j = 0; j < ff; j++) h[j] = g[j] / (1.0f + kvz_expf(-g[j])) * u[j];
+            const float *g = gu + (size_t)i * 2 * ff;
+            kvz_swiglu(hb + (size_t)i * ff, g, g + ff, ff);
         }
         linear(&L->mdown, 1, hb, n, ff, x, d, 1.0f, work);
     }

@@ -32,6 +32,8 @@ size_t kvz_q8_row_bytes(int64_t n);
 /** Quantize @p n fp32 values (n a multiple of 32) into @p dst (kvz_q8_row_bytes(n)
  *  bytes, any alignment). */
 void kvz_q8_quantize(const float *x, int64_t n, void *dst);
+/** The scalar reference of kvz_q8_quantize (the AVX2 path writes the same bytes). */
+void kvz_q8_quantize_ref(const float *x, int64_t n, void *dst);
 
 /** 1 if kvz_qdot handles weight type @p type (KVZ_TYPE_* of kvz_quant.h). */
 int kvz_qdot_supported(uint32_t type);
