@@ -539,6 +539,9 @@ typedef int (*kvz_store_lost_fn)(void *user, const char *doc_id, int err, const 
  * go on past damaged pages: an unreadable stretch of the doc index is skipped by
  * seeking to the next possible ids. @p src may be opened with
  * KVZ_STORE_READONLY | KVZ_STORE_SALVAGE (a data.mdb cut short).
+ * When nothing could be copied and something was lost (or the walk failed), the new
+ * store is removed again (and @p dst_dir, if this call made it): no empty store is
+ * left that could pass for the salvage.
  * @return 0 when the walk completed (look at res->n_lost / n_gaps); KVZ_ERR_ARG
  *         (@p dst_dir already holds a store); the callback's nonzero value; or an
  *         error opening / writing the new store (KVZ_ERR_IO, KVZ_ERR_FULL, ...).

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct {
     kvz_store *src, *dst;
@@ -154,6 +155,7 @@ int kvz_store_salvage(kvz_store *src, const char *dst_dir, kvz_store_lost_fn cb,
         sv.fp = fp;
     }
     kvz_error_clear();
+    const int dir_was = stat(dst_dir, &st) == 0;
     int err = kvz_store_open(dst_dir, KVZ_STORE_CREATE, 0, sv.fp, &sv.dst);
     if (err) return err;
     if ((err = kvz_store_read_begin(src, &sv.r))) goto done;
@@ -217,6 +219,14 @@ free:
 done:
     kvz_store_read_end(sv.r);
     kvz_store_close(sv.dst);
+    if (sv.res.n_copied == 0 && (err || sv.res.n_lost || sv.res.n_gaps)) {
+        /* nothing was saved: leave no empty store behind that could pass for the salvage */
+        snprintf(p, sizeof p, "%s/data.mdb", dst_dir);
+        unlink(p);
+        snprintf(p, sizeof p, "%s/lock.mdb", dst_dir);
+        unlink(p);
+        if (!dir_was) rmdir(dst_dir);
+    }
     if (res) *res = sv.res;
     return err;
 }
