@@ -173,26 +173,6 @@ AVX2_TARGET static void pv_avx2(const float *p, int64_t ldp, int grp, const floa
 }
 /* exp of 8 lanes: kvz_expf's reduction and polynomial (relative error < 2e-7 on
  * [-87, 88]); lanes below -87.3 (and -inf) give exactly 0 */
-AVX2_TARGET static inline __m256 exp8(__m256 x)
-{
-    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.7f);
-    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_NGE_UQ);
-    const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-    const __m256 big = _mm256_set1_ps(12582912.0f);
-    const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), big), big);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
 AVX2_TARGET static inline float hmax8(__m256 a)
 {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -309,7 +289,7 @@ AVX2_TARGET static void flash_avx2(const float *q, int64_t ldq, int nq, int grp,
                 const __m256 vm = _mm256_set1_ps(mnew);
                 __m256 sum = _mm256_setzero_ps();
                 for (int j = 0; j < ncol; j += 8) {
-                    const __m256 e = exp8(_mm256_sub_ps(_mm256_load_ps(sr + j), vm));
+                    const __m256 e = kvz_expf8(_mm256_sub_ps(_mm256_load_ps(sr + j), vm));
                     _mm256_store_ps(sr + j, e);
                     sum = _mm256_add_ps(sum, e);
                 }

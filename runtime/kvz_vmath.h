@@ -68,11 +68,12 @@ static inline float kvz_max(const float *x, int64_t n)
     return r;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 /* kvz_expf on 8 lanes (the same reduction and polynomial, FMA-contracted); lanes
- * below -87.3 give exactly 0 */
-static inline __m256 kvz_expf8(__m256 x)
+ * below -87.3 give exactly 0. Compiled for AVX2+FMA whatever the build targets, so the
+ * run-time dispatched kernels (kvz_attn.c's flash tiles) use it too. */
+__attribute__((target("avx2,fma"))) static inline __m256 kvz_expf8(__m256 x)
 {
     const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.7f), big = _mm256_set1_ps(12582912.0f);
     const __m256 under = _mm256_cmp_ps(x, lo, _CMP_NGE_UQ);
