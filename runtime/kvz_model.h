@@ -281,9 +281,11 @@ int kvz_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int3
  * The caches must be distinct; each is used by this call alone meanwhile. On the CUDA
  * backend one batched pass serves all (one GEMM per weight for the n rows, one
  * attention launch over the n ragged caches); elsewhere it is n single-token passes.
- * @return 0, KVZ_ERR_ARG (n < 1, a repeated cache, a bad token or position),
- *   KVZ_ERR_CONTEXT, KVZ_ERR_NOMEM, KVZ_ERR_CUDA; on an error every cache is left as
- *   it was before the step or as after it (never half a token).
+ * @return 0, KVZ_ERR_ARG (n < 1, a repeated cache, a bad token or position: checked
+ *   before anything runs), KVZ_ERR_CONTEXT, KVZ_ERR_NOMEM, KVZ_ERR_CUDA. After an error
+ *   past the checks the output buffers of the caches may hold part of the step: roll
+ *   them back to their documents (kvz_kv_rollback), as kvzip_batch does for every
+ *   answer of a failed step.
  */
 int kvz_forward_multi(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, const int32_t *pos,
                       int32_t n, float *logits);
