@@ -57,6 +57,19 @@ void kvzip_batch_defaults(kvzip_batch_opts *o)
     o->max_admit_tokens = 1024;
 }
 
+/* The batch's arrays and itself (NULL-safe; the locks and the model ref are the caller's). */
+static void batch_free(kvzip_batch *b)
+{
+    if (!b) return;
+    free(b->logits);
+    free(b->work);
+    free(b->kvs);
+    free(b->tok);
+    free(b->pos);
+    free(b->run);
+    free(b);
+}
+
 int kvzip_batch_open(kvzip_model *m, const kvzip_batch_opts *opts, kvzip_batch **out)
 {
     NEED(out);
@@ -81,15 +94,7 @@ int kvzip_batch_open(kvzip_model *m, const kvzip_batch_opts *opts, kvzip_batch *
         b->run = calloc((size_t)o.max_seqs, sizeof *b->run);
     }
     if (!b || !b->logits || !b->work || !b->kvs || !b->tok || !b->pos || !b->run) {
-        if (b) {
-            free(b->logits);
-            free(b->work);
-            free(b->kvs);
-            free(b->tok);
-            free(b->pos);
-            free(b->run);
-            free(b);
-        }
+        batch_free(b);
         kvz_api_model_unref(m);
         return kvz_error_set(KVZIP_ERR_NOMEM, "batch of %d answers: %zu MiB of logits", o.max_seqs,
                              sizeof(float) * (size_t)V * (size_t)o.max_seqs >> 20);
@@ -348,12 +353,6 @@ int kvzip_batch_close(kvzip_batch *b)
     kvz_api_model_unref(b->model);
     pthread_mutex_destroy(&b->mu);
     pthread_cond_destroy(&b->cv);
-    free(b->logits);
-    free(b->work);
-    free(b->kvs);
-    free(b->tok);
-    free(b->pos);
-    free(b->run);
-    free(b);
+    batch_free(b);
     return 0;
 }
