@@ -674,8 +674,11 @@ typedef struct store_row {
     double ingest, old_load, load_cold, load, ft, reprefill, hit, hit_ft, load_map, load_direct;
     kvz_load_profile prof; /* one more load, default route */
     kvz_load_layer_time trace[128]; /* ... its per-layer timeline */
-    kvz_load_layer_time trace_d[128]; /* a warm direct-route load's */
+    kvz_load_layer_time trace_d[128]; /* a warm direct-route load's (records verified on the device) */
     kvz_load_profile prof_d;
+    double load_direct_host; /* the direct route with every record verified on the host (A/B) */
+    kvz_load_layer_time trace_dh[128]; /* ... a warm load's timeline */
+    kvz_load_profile prof_dh;
     int differ; /* layers the direct route's cache differs from the default's */
     int n_trace;
     double stored_per_tok, kept_gb, kept_bf16_gb;
@@ -770,12 +773,17 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
                 API(kvz_load_doc(m, st, id, 0, 1024, &lo, &k2, &dm));
                 kvz_kv_free(k2);
                 r->n_trace = c->n_layer;
-                kvz_load_opts lc = {.direct = 1};
-                for (int rep = 0; rep < 3; rep++) { /* the first direct load pins the map's regions (cold) */
+                kvz_load_opts lc = {.direct = 1}, lch = {.direct = 1, .host_verify = 1};
+                for (int rep = 0; rep < 4; rep++) { /* the first direct load pins the map's regions (cold) */
                     t0 = sync_now();
                     API(kvz_load_doc(m, st, id, 0, 1024, &lc, &k2, &dm));
                     double tl = sync_now() - t0;
-                    if (rep == 0 || tl < r->load_direct) r->load_direct = tl;
+                    if (rep == 1 || (rep > 1 && tl < r->load_direct)) r->load_direct = tl;
+                    kvz_kv_free(k2);
+                    t0 = sync_now(); /* A/B: the same route, every record verified on the host */
+                    API(kvz_load_doc(m, st, id, 0, 1024, &lch, &k2, &dm));
+                    tl = sync_now() - t0;
+                    if (rep == 1 || (rep > 1 && tl < r->load_direct_host)) r->load_direct_host = tl;
                     kvz_kv_free(k2);
                     t0 = sync_now();
                     API(kvz_load_doc(m, st, id, 0, 1024, NULL, &k2, &dm));
@@ -783,6 +791,9 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
                     if (tl < r->load) r->load = tl;
                     kvz_kv_free(k2);
                 }
+                kvz_load_opts ldh = {.direct = 1, .host_verify = 1, .profile = &r->prof_dh, .trace = r->trace_dh};
+                API(kvz_load_doc(m, st, id, 0, 1024, &ldh, &k2, &dm));
+                kvz_kv_free(k2);
                 kvz_load_opts ld = {.direct = 1, .profile = &r->prof_d, .trace = r->trace_d};
                 API(kvz_load_doc(m, st, id, 0, 1024, &ld, &k2, &dm));
                 kvz_kv *k3;
@@ -849,25 +860,46 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
                p->check_s, p->zstd_s, p->map_s, p->register_s, p->slot_wait_s,
                p->ready_wait_s, p->upload_s, p->alloc_s, p->total_s);
     }
+    printf("\n| tokens | stored | kept K/V stored GB | direct route, verified on the GPU s | GB/s | %% of H2D | "
+           "direct route, verified on the host s | GB/s | %% of H2D | copy route s | %% of H2D | records verified on "
+           "the GPU | H2D bound %.1f GB/s, 50%% = |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", h2d / 1e9);
+    for (int i = 0; i < nr; i++) { /* warm loads, best of 3, the three routes interleaved */
+        const store_row *r = &rows[i];
+        const double b = h2d / 1e9;
+        printf("| %d | %s | %.3f | **%.4f** | %.1f | **%.0f%%** | %.4f | %.1f | %.0f%% | %.4f | %.0f%% | %llu of %llu | "
+               "%.4f s |\n", r->T, r->dt, r->kept_gb, r->load_direct, r->kept_gb / r->load_direct,
+               100 * r->kept_gb / r->load_direct / b, r->load_direct_host, r->kept_gb / r->load_direct_host,
+               100 * r->kept_gb / r->load_direct_host / b, r->load, 100 * r->kept_gb / r->load / b,
+               (unsigned long long)r->prof_d.records_dev_verified, (unsigned long long)r->prof_d.records_direct,
+               r->kept_gb / (0.5 * b));
+    }
     /* the per-layer timeline of the profiled load, longest document of each dtype
      * (every document with KVZ_TRACE_ALL=1) */
     const int trace_all = getenv("KVZ_TRACE_ALL") && atoi(getenv("KVZ_TRACE_ALL"));
     for (int i = 0; i < nr; i++) {
         if ((!trace_all && i + 1 < nr && rows[i + 1].dt == rows[i].dt) || !rows[i].n_trace) continue;
         const store_row *r = &rows[i];
-        for (int d = 0; d < 2; d++) {
+        for (int d = 0; d < 3; d++) {
+            static const char *const what[3] = {"default route", "direct route (warm: map pinned), records verified on "
+                                                "the GPU where they can be", "direct route (warm: map pinned), every "
+                                                "record verified on the host"};
             printf("\nper-layer load timeline, %d tokens %s, %s (ms from the start; route c copied / z zstd / "
-                   "d direct; stored MB of raw MB):\n", r->T, r->dt, d ? "direct route (warm: map pinned)" : "default route");
+                   "d direct, verified on the host / g direct, verified on the GPU after the upload; stored MB of raw "
+                   "MB):\n", r->T, r->dt, what[d]);
             for (int l = 0; l < r->n_trace && l < 128; l++) {
-                const kvz_load_layer_time *t = d ? &r->trace_d[l] : &r->trace[l];
+                const kvz_load_layer_time *t = d == 2 ? &r->trace_dh[l] : d ? &r->trace_d[l] : &r->trace[l];
                 printf("  L%02d %c %6.2f/%6.2f MB claim %6.2f ready %6.2f (zstd %5.2f) take %6.2f upload %6.2f checked %6.2f\n",
                        l, t->route, t->bytes / 1e6, t->raw / 1e6, t->claim_s * 1e3, t->ready_s * 1e3, t->zstd_s * 1e3,
                        t->take_s * 1e3, t->upload_s * 1e3, t->checked_s * 1e3);
             }
             if (d) {
-                const kvz_load_profile *p = &r->prof_d;
-                printf("  direct route: caches of the two routes differ in %d layer(s) (bf16 rows, positions: bit for bit)\n",
-                       r->differ);
+                const kvz_load_profile *p = d == 2 ? &r->prof_dh : &r->prof_d;
+                printf("  verification: %llu record(s) on the GPU (checksum kernels + row check in the load kernel; "
+                       "results compared after the upload: %.4f s), the rest on the host\n",
+                       (unsigned long long)p->records_dev_verified, p->dev_verify_s);
+                if (d == 1)
+                    printf("  direct route: caches of the two routes differ in %d layer(s) (bf16 rows, positions: bit "
+                           "for bit)\n", r->differ);
                 printf("  direct route: %.4f s; records direct %llu / copied %llu / zstd %llu; worker s: copy %.4f hash "
                        "%.4f check %.4f zstd %.4f pin %.4f slot wait %.4f; upload thread: wait %.4f H2D + kernel %.4f\n",
                        p->total_s, (unsigned long long)p->records_direct, (unsigned long long)p->records_copied,

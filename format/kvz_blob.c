@@ -442,9 +442,19 @@ int kvz_blob_encode_layer(const kvz_blob_meta *m, uint32_t l, const uint32_t *po
 /* ========================================================================= */
 /* Decoding                                                                    */
 
+int kvz_blob_record_checksum(const uint8_t *hdr, uint64_t got)
+{
+    const uint64_t want = get64(hdr + H_REC_XXH3);
+    if (want != got)
+        return kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: record checksum %016llx, expected %016llx",
+                             (unsigned long long)got, (unsigned long long)want);
+    return 0;
+}
+
 /* kvz_blob_check(); @p hashed: the record checksum computed by the caller while it
- * copied the bytes (kvz_blob_record_seed()), NULL: compute it here */
-static int check_rec(const uint8_t *rec, size_t len, kvz_blob_info *info, const uint64_t *hashed)
+ * copied the bytes (kvz_blob_record_seed()), NULL: compute it here; @p defer: not
+ * compared at all (the caller compares it later: kvz_blob_layer_head) */
+static int check_rec(const uint8_t *rec, size_t len, kvz_blob_info *info, const uint64_t *hashed, int defer)
 {
     if (!rec) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL record");
     if (len < KVZ_BLOB_HEADER_SIZE)
@@ -460,11 +470,11 @@ static int check_rec(const uint8_t *rec, size_t len, kvz_blob_info *info, const 
     if (comp > len - KVZ_BLOB_HEADER_SIZE)
         return kvz_error_set(KVZ_ERR_TRUNCATED, "kvz_blob: header says %llu compressed bytes, "
                              "record holds %zu", (unsigned long long)comp, len - KVZ_BLOB_HEADER_SIZE);
-    uint64_t want = get64(rec + H_REC_XXH3);
-    uint64_t got = hashed ? *hashed : record_hash(rec, rec + KVZ_BLOB_HEADER_SIZE, (size_t)comp);
-    if (want != got)
-        return kvz_error_set(KVZ_ERR_CHECKSUM, "kvz_blob: record checksum %016llx, expected %016llx",
-                             (unsigned long long)got, (unsigned long long)want);
+    if (!defer) {
+        const int err = kvz_blob_record_checksum(rec, hashed ? *hashed : record_hash(rec, rec + KVZ_BLOB_HEADER_SIZE,
+                                                                                     (size_t)comp));
+        if (err) return err;
+    }
     if (comp != len - KVZ_BLOB_HEADER_SIZE)
         return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: %zu trailing bytes after the record",
                              (size_t)(len - KVZ_BLOB_HEADER_SIZE - comp));
@@ -500,7 +510,7 @@ static int check_rec(const uint8_t *rec, size_t len, kvz_blob_info *info, const 
 
 int kvz_blob_check(const uint8_t *rec, size_t len, kvz_blob_info *info)
 {
-    return check_rec(rec, len, info, NULL);
+    return check_rec(rec, len, info, NULL, 0);
 }
 
 int kvz_blob_header_codec(const uint8_t *hdr)
@@ -535,7 +545,9 @@ static int check_layer_hdr(const kvz_blob_meta *m, uint32_t l, const kvz_blob_in
     return 0;
 }
 
-int kvz_blob_layer_placed(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len, uint64_t rec_hash)
+/* kvz_blob_layer_placed (@p rec_hash: the record checksum) and kvz_blob_layer_head
+ * (NULL: not compared; @p rec holds the header and the positions only) */
+static int layer_placed(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len, const uint64_t *rec_hash)
 {
     int err = kvz_blob_meta_validate(m);
     if (err) return err;
@@ -543,7 +555,7 @@ int kvz_blob_layer_placed(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec
     if (!rec || ((uintptr_t)(rec + KVZ_BLOB_HEADER_SIZE) & 3))
         return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: placed record NULL or its payload not 4-byte aligned");
     kvz_blob_info in = {0};
-    if ((err = check_rec(rec, len, &in, &rec_hash))) return err;
+    if ((err = check_rec(rec, len, &in, rec_hash, rec_hash == NULL))) return err;
     if (in.codec != KVZ_BLOB_CODEC_NONE)
         return kvz_error_set(KVZ_ERR_UNSUPPORTED, "kvz_blob: layer %u is a zstd record (kvz_blob_decode_layer)", l);
     if ((err = check_layer_hdr(m, l, &in))) return err;
@@ -557,6 +569,16 @@ int kvz_blob_layer_placed(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec
     free(hp);
     if (p) return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u: %s", l, p);
     return 0;
+}
+
+int kvz_blob_layer_placed(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len, uint64_t rec_hash)
+{
+    return layer_placed(m, l, rec, len, &rec_hash);
+}
+
+int kvz_blob_layer_head(const kvz_blob_meta *m, uint32_t l, const uint8_t *head, size_t len)
+{
+    return layer_placed(m, l, head, len, NULL);
 }
 
 int kvz_blob_decode_meta(const uint8_t *rec, size_t len, const uint8_t *expected_fp,
@@ -842,7 +864,7 @@ static int decode_layer(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, 
     if (err) return err;
     if (l >= m->n_layer) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: layer %u >= n_layer %u", l, m->n_layer);
     kvz_blob_info in = {0};
-    if ((err = check_rec(rec, len, &in, hashed))) return err;
+    if ((err = check_rec(rec, len, &in, hashed, 0))) return err;
     if ((err = check_layer_hdr(m, l, &in))) return err;
     uint64_t kept = kvz_blob_layer_kept(m, l);
     if (kept && (!pos || !k || !v)) return kvz_error_set(KVZ_ERR_ARG, "kvz_blob: NULL output array");

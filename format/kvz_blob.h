@@ -325,6 +325,26 @@ int kvz_blob_header_codec(const uint8_t *hdr);
 int kvz_blob_layer_placed(const kvz_blob_meta *m, uint32_t l, const uint8_t *rec, size_t len, uint64_t rec_hash);
 
 /**
+ * kvz_blob_layer_placed() less the record checksum, for a reader that hashes the
+ * record elsewhere (the CUDA loader hashes it on the device after the upload): every
+ * other check, on the record's first KVZ_BLOB_HEADER_SIZE + 4 * kept bytes alone
+ * (@p head: the header and the positions; payload 4-byte aligned) with @p len the
+ * whole record's length. The payload counts only once kvz_blob_record_checksum()
+ * has passed on the reader's hash (and, for q8/q4, the rows were checked).
+ * Where a record fails here, the reader that wants kvz_blob_layer_placed()'s error
+ * (the checksum is compared before the later header checks) hashes it and calls that.
+ * @return 0; KVZ_ERR_UNSUPPORTED (a zstd record); the errors of
+ *         kvz_blob_layer_placed() but KVZ_ERR_CHECKSUM.
+ */
+int kvz_blob_layer_head(const kvz_blob_meta *m, uint32_t l, const uint8_t *head, size_t len);
+
+/** The record checksum of the record whose header is @p hdr against @p got, the hash of
+ *  its payload seeded with kvz_blob_record_seed(hdr): 0, or KVZ_ERR_CHECKSUM with the
+ *  message every decoder gives ("record checksum GOT, expected WANT"). The one place
+ *  the comparison is made. */
+int kvz_blob_record_checksum(const uint8_t *hdr, uint64_t got);
+
+/**
  * kvz_blob_decode_layer() of a record the caller copied and hashed itself
  * (@p rec_hash, see kvz_blob_record_seed()): the record checksum (header + the
  * stored bytes) is the one verification; the payload checksum over the

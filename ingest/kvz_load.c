@@ -16,6 +16,7 @@
 #include "kvz_kvrow.h"
 #include "kvz_store.h"
 #include "kvz_backend.h"
+#include "kvz_xxh3_lanes.h" /* KVZ_XXH3L_MIN_LEN: the shortest record payload the device hashes */
 
 #define MAX_THREADS 16
 #define MAX_CUTS 8 /* pins a record may cross (64 MiB pieces: a record of ~448 MiB) */
@@ -44,11 +45,13 @@ typedef struct load_job {
     int gpu;
     int map_only;
     int direct;         /* GPU: codec-none records of the document uploaded straight from the map */
+    int dev_verify;     /* direct: ... and verified on the device (checksum, rows), not by the workers */
     size_t direct_min;  /* ... when at least this long */
     int nslot;
     void *slots[KVZ_BACKEND_MAX_LOAD_SLOTS];
     kvz_load_sync sy;   /* lock, condition, first error */
-    uint32_t next;      /* next layer to claim */
+    uint32_t next;      /* next entry of order[] to claim */
+    uint32_t *order;    /* (n_layer) the claim order: zstd records (the slowest) first */
     int free_slot[KVZ_BACKEND_MAX_LOAD_SLOTS];  /* GPU: staging slots no layer holds (any layer takes any slot) */
     int nfree;
     int8_t *slot_of;    /* (n_layer) the slot layer l was decoded into */
@@ -56,6 +59,8 @@ typedef struct load_job {
     const uint8_t **src; /* (n_layer, direct) the verified record in the pinned map, else NULL */
     size_t (*cuts)[MAX_CUTS]; /* (n_layer, direct) where src[l] crosses into the next pin */
     int *n_cuts;
+    uint8_t *on_dev;    /* (n_layer, dev_verify) record verified on the device */
+    uint64_t *seed, *want; /* (n_layer, dev_verify) its checksum's seed and expected value */
     kvz_store_pinner pinner; /* (direct) the driver pins the map's pages for the store's life */
     kvz_load_profile prof; /* summed over the workers (sy.mu) */
     kvz_load_layer_time *trace; /* NULL or (n_layer) */
@@ -120,7 +125,7 @@ static void *load_worker(void *arg)
             pthread_mutex_unlock(&j->sy.mu);
             break;
         }
-        const uint32_t l = j->next++;
+        const uint32_t l = j->order[j->next++];
         const double tw = kvz_now();
         while (j->gpu && !j->sy.err && j->nfree == 0) pthread_cond_wait(&j->sy.cv, &j->sy.mu);
         pf->slot_wait_s += kvz_now() - tw;
@@ -134,9 +139,12 @@ static void *load_worker(void *arg)
         const kvz_load_at da = doc_at(j, l);
         rc = KVZ_ERR_UNSUPPORTED;
         const uint8_t *spec = NULL; /* direct: the record in the pinned map, uploaded while it is verified */
+        /* verified on the device: the checksum's long form needs more than 240 bytes */
+        const int dev = j->dev_verify && da.len >= KVZ_BLOB_HEADER_SIZE + KVZ_XXH3L_MIN_LEN;
         if (j->direct && da.len >= j->direct_min) { /* no host copy */
             const uint8_t *rec;
-            rc = kvz_load_record_peek(&rd, l, j->hash, da, &rec);
+            rc = dev ? kvz_load_record_head(&rd, bm, j->hash, l, da, &rec, &j->seed[l], &j->want[l])
+                     : kvz_load_record_peek(&rd, l, j->hash, da, &rec);
             if (!rc) {
                 const double t0 = kvz_now();
                 if (kvz_store_pin(rd.r, rec, da.len, &j->pinner, j->cuts[l], MAX_CUTS, &j->n_cuts[l]))
@@ -155,12 +163,19 @@ static void *load_worker(void *arg)
             if (j->trace) j->trace[l].ready_s = kvz_now() - j->t0;
             pthread_mutex_lock(&j->sy.mu);
             j->src[l] = spec;
+            if (dev) j->on_dev[l] = 1; /* header and positions checked; the device does the rest */
             j->slot_of[l] = (int8_t)slot;
             j->ready[l] = 1;
             pthread_cond_broadcast(&j->sy.cv);
             pthread_mutex_unlock(&j->sy.mu);
-            const uint8_t *rec = NULL;
-            rc = kvz_load_record_mapped(&rd, bm, j->hash, l, da, &rec);
+            const uint8_t *rec = spec;
+            if (!dev) {
+                rc = kvz_load_record_mapped(&rd, bm, j->hash, l, da, &rec);
+            } else {
+                rd.pf.records_direct++;
+                rd.pf.records_dev_verified++;
+                rd.pf.bytes += da.len;
+            }
             if (rc == KVZ_ERR_UNSUPPORTED || (!rc && rec != spec))
                 rc = kvz_error_set(KVZ_ERR_INTERNAL, "layer %u: the record changed in the map during the load", l);
         }
@@ -207,7 +222,8 @@ static void *load_worker(void *arg)
             tr->bytes = rd.pf.bytes - before.bytes;
             tr->zstd_s = rd.pf.zstd_s - before.zstd_s;
             tr->raw = da.len + (j->pm ? pre_at(j, l).len : 0);
-            tr->route = rd.pf.records_direct > before.records_direct ? 'd'
+            tr->route = rd.pf.records_dev_verified > before.records_dev_verified ? 'g'
+                      : rd.pf.records_direct > before.records_direct ? 'd'
                       : rd.pf.records_zstd > before.records_zstd   ? 'z'
                       : rd.pf.records_mapped > before.records_mapped ? 'm' : 'c';
         }
@@ -226,6 +242,34 @@ out:
     kvz_load_profile_add(&j->prof, pf);
     pthread_mutex_unlock(&j->sy.mu);
     return NULL;
+}
+
+/* the device's verification of the records it hashed (after the upload): their
+ * checksums and first bad q8/q4 rows back in one copy, compared as the host compares
+ * them (kvz_blob_record_checksum, then the rows: the host route's order), so a damaged
+ * record fails the load with the host route's error; the first layer that fails wins */
+static void dev_results(load_job *j)
+{
+    const double t0 = kvz_now();
+    const uint32_t L = j->bm->n_layer;
+    uint64_t *got = malloc(2 * (size_t)L * sizeof *got);
+    if (!got) {
+        job_fail(j, kvz_error_set(KVZ_ERR_NOMEM, "load verification results"), UINT32_MAX);
+        return;
+    }
+    int rc = j->be->load_verify_end(j->m, got, got + L);
+    if (rc) job_fail(j, rc, UINT32_MAX);
+    for (uint32_t l = 0; l < L && !rc; l++) {
+        if (!j->on_dev[l]) continue;
+        uint8_t hdr[KVZ_BLOB_HEADER_SIZE] = {0}; /* kvz_blob_record_checksum reads rec_xxh3 (bytes 48..55) */
+        memcpy(hdr + 48, &j->want[l], 8);
+        rc = kvz_blob_record_checksum(hdr, got[l]);
+        if (!rc && got[L + l] != UINT64_MAX)
+            rc = kvz_load_bad_rows(j->bm, l, kvz_blob_layer_kept(j->bm, l), got[L + l]);
+        if (rc) job_fail(j, rc, l);
+    }
+    free(got);
+    j->prof.dev_verify_s += kvz_now() - t0;
 }
 
 /* a decoded layer not uploaded yet (ready 1 -> 2 when taken), else UINT32_MAX; j->sy.mu held */
@@ -293,7 +337,11 @@ static void upload_loop(load_job *j)
                                              pa.k - pa.x, pa.v - pa.x, pa.pos - pa.x, NULL, 0);
                 r0 = (int32_t)j->pm->n_prefix;
             }
-            if (!rc)
+            if (!rc && j->on_dev && j->on_dev[l]) /* + its checksum and rows on the device */
+                rc = j->be->load_layer_verified(j->kv, (int32_t)l, slot, j->src[l], da.len, bm->dtype, cnt, r0,
+                                                da.k - da.x, da.v - da.x, da.pos - da.x, j->cuts[l], j->n_cuts[l],
+                                                (int)l, KVZ_BLOB_HEADER_SIZE, j->seed[l]);
+            else if (!rc)
                 rc = j->be->load_layer_src(j->kv, (int32_t)l, slot, j->src[l], da.len, bm->dtype, cnt, r0,
                                              da.k - da.x, da.v - da.x, da.pos - da.x, j->cuts[l], j->n_cuts[l]);
         } else if (j->pm) { /* the shared prefix first (rows 0..n_prefix-1 of every head); one copy of the slot */
@@ -318,6 +366,37 @@ static void upload_loop(load_job *j)
     rc = j->be->load_finish(j->m);
     j->prof.upload_s += kvz_now() - tu;
     if (rc) job_fail(j, rc, UINT32_MAX);
+    if (!rc && j->dev_verify) dev_results(j);
+}
+
+/* KVZ_LOAD_GPU_VERIFY=0 in the environment keeps the direct route's verification on the host */
+static int getenv_verify_on(void)
+{
+    const char *e = getenv("KVZ_LOAD_GPU_VERIFY");
+    return !(e && e[0] == '0');
+}
+
+/* the claim order: records stored shorter than their codec-none layout (zstd: decoded
+ * on the CPUs, the slowest) first, then the rest in layer order. Their lengths come from
+ * the B-tree alone (a length that cannot match, so no page of a record is read); a
+ * layer whose length cannot be had keeps its place (its worker reports the problem) */
+static void claim_zstd_first(load_job *j, kvz_store_read *r)
+{
+    const uint32_t L = j->bm->n_layer;
+    uint32_t n = 0;
+    uint8_t *first = calloc(L, 1);
+    for (uint32_t l = 0; first && l < L; l++) {
+        const uint8_t *rec = NULL;
+        size_t len = 0;
+        const size_t cl = doc_at(j, l).len;
+        if (kvz_store_map_peek(r, j->hash, l, cl + 1, &rec, &len, NULL, 0) == 0 && len && len < cl) {
+            first[l] = 1;
+            j->order[n++] = l;
+        }
+    }
+    for (uint32_t l = 0; l < L; l++)
+        if (!first || !first[l]) j->order[n++] = l;
+    free(first);
 }
 
 int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_rows, int32_t out_slots,
@@ -423,10 +502,12 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
     j.bm = &bm;
     j.ready = calloc(bm.n_layer, 1);
     j.slot_of = calloc(bm.n_layer, 1);
-    if (!j.ready || !j.slot_of) {
+    j.order = calloc(bm.n_layer, sizeof *j.order);
+    if (!j.ready || !j.slot_of || !j.order) {
         rc = KVZ_ERR_NOMEM;
         goto out;
     }
+    for (uint32_t l = 0; l < bm.n_layer; l++) j.order[l] = l;
     int want = kvz_load_threads(o);
     if ((uint32_t)want > bm.n_layer) want = (int)bm.n_layer;
     j.be = kvz_model_backend(m);
@@ -455,6 +536,26 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
             j.pinner.budget = o->direct_budget ? o->direct_budget
                               : pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz / 4 : (uint64_t)1 << 30;
         }
+        if (j.direct && j.be->load_verify_begin && !(o && o->host_verify) && getenv_verify_on()) {
+            j.on_dev = calloc(bm.n_layer, 1);
+            j.seed = calloc(bm.n_layer, sizeof *j.seed);
+            j.want = calloc(bm.n_layer, sizeof *j.want);
+            uint64_t *hashed = calloc(bm.n_layer, sizeof *hashed);
+            if (!j.on_dev || !j.seed || !j.want || !hashed) {
+                free(hashed);
+                rc = KVZ_ERR_NOMEM;
+                goto out;
+            }
+            for (uint32_t l = 0; l < bm.n_layer; l++) { /* the payload of each codec-none record */
+                const size_t n = doc_at(&j, l).len - KVZ_BLOB_HEADER_SIZE;
+                hashed[l] = n >= KVZ_XXH3L_MIN_LEN ? n : 0;
+            }
+            rc = j.be->load_verify_begin(m, (int)bm.n_layer, hashed);
+            free(hashed);
+            if (rc) goto out;
+            j.dev_verify = 1;
+        }
+        if (j.direct) claim_zstd_first(&j, r);
         j.nslot = kvz_load_plan_slots(&want, bm.n_layer, j.be->load_max_slots);
         /* + 16: a direct record is shifted so that its K rows land 16-byte aligned */
         if ((rc = j.be->load_slots(m, max_bytes + 16, j.nslot, j.slots))) goto out;
@@ -482,6 +583,10 @@ out:
     kvz_store_read_end(r);
     free(j.ready);
     free(j.slot_of);
+    free(j.order);
+    free(j.on_dev);
+    free(j.seed);
+    free(j.want);
     free(j.src);
     free(j.cuts);
     free(j.n_cuts);

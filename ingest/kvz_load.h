@@ -30,6 +30,15 @@
  *     fails fails the load, so rows uploaded from a damaged record are never used
  *     (the direct route; the calling thread's read transaction, older than the
  *     workers', keeps writers off those pages until the upload is done).
+ *     Where the backend can (CUDA: load_verify_begin), the direct route's records
+ *     are verified on the device instead: the worker checks the header and the
+ *     positions only (kvz_blob_layer_head), the record checksum (XXH3-64 with its
+ *     seed) is computed by kernels over the uploaded bytes and the q8/q4 rows are
+ *     checked by the load kernel, and the results come back in one small copy when
+ *     the upload is done and are compared then (same errors as the host check), so
+ *     the host reads each such record once (the DMA) and its CPUs are left to the
+ *     zstd records, which are claimed first. kvz_load_opts.host_verify (or the
+ *     environment variable KVZ_LOAD_GPU_VERIFY=0) keeps the host check.
  * Errors are those of kvz_doc_load(); the first failing layer's error wins and
  * nothing is returned (no partial cache).
  * Thread safety: the model is used by the calling thread only (as kvz_forward);
@@ -66,6 +75,8 @@ typedef struct kvz_load_profile {
     uint64_t records_direct; /**< GPU: codec-none records uploaded straight from the registered map */
     double register_s;       /**< workers: pinning map regions with the CUDA driver (direct route; first use) */
     uint64_t bytes;          /**< stored bytes of the records */
+    uint64_t records_dev_verified; /**< of records_direct: checksum and rows verified on the device */
+    double dev_verify_s;     /**< calling thread: the device verification's end (wait, chain, results) */
 } kvz_load_profile;
 
 /** One layer's timeline (kvz_load_opts.trace): seconds from the start of the load. */
@@ -81,7 +92,8 @@ typedef struct kvz_load_layer_time {
                             rest: reading, copying and hashing) */
     uint64_t bytes;    /**< stored bytes of its records */
     uint64_t raw;      /**< their codec-none bytes (bytes < raw: zstd saved the difference) */
-    int route;         /**< 'c' copied, 'z' zstd, 'd' direct, 'm' through the map (the document's record) */
+    int route;         /**< 'c' copied, 'z' zstd, 'd' direct, 'g' direct verified on the device,
+                            'm' through the map (the document's record) */
 } kvz_load_layer_time;
 
 typedef struct kvz_load_opts {
@@ -98,6 +110,9 @@ typedef struct kvz_load_opts {
     uint64_t direct_budget; /**< with direct: most bytes of the store's map pinned at once
                                  (0: a quarter of the physical memory); past it, copied */
     kvz_load_layer_time *trace; /**< NULL, or one entry per layer, filled (benchmarks) */
+    int host_verify; /**< with direct: 1 verifies every record on the host even where the
+                          backend could verify it on the device (A/B; also
+                          KVZ_LOAD_GPU_VERIFY=0 in the environment) */
 } kvz_load_opts;
 
 /** Workers used by @p o (resolves 0). */

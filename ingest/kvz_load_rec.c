@@ -84,6 +84,9 @@ void kvz_load_reader_end(kvz_load_reader *w)
     scratch_put(w->scratch, w->scratch_n);
     w->scratch = NULL;
     w->scratch_n = 0;
+    free(w->head);
+    w->head = NULL;
+    w->head_n = 0;
 }
 
 /* kvz_store_copy_layer's piece callback: hash the bytes that arrived (the record
@@ -151,8 +154,7 @@ static int on_map_piece(void *u, size_t done)
     return on_piece(&mp->ps, done);
 }
 
-/* the q8/q4 row problem found while hashing, as kvz_blob_decode_layer says it */
-static int bad_rows(const kvz_blob_meta *m, uint32_t l, uint64_t kept, uint64_t bad)
+int kvz_load_bad_rows(const kvz_blob_meta *m, uint32_t l, uint64_t kept, uint64_t bad)
 {
     const int isv = bad >= kept;
     return kvz_error_set(KVZ_ERR_FORMAT, "kvz_blob: layer %u %s row %llu: bad %s scale block (NaN, Inf or negative "
@@ -214,11 +216,47 @@ int kvz_load_record_mapped(kvz_load_reader *w, const kvz_blob_meta *m, const uin
     const double t1 = kvz_now();
     rc = kvz_blob_layer_placed(m, l, r, len, kvz_xxh3_digest(&mp.ps.hs));
     w->pf.check_s += kvz_now() - t1;
-    if (!rc && mp.ps.bad != UINT64_MAX) rc = bad_rows(m, l, kept, mp.ps.bad);
+    if (!rc && mp.ps.bad != UINT64_MAX) rc = kvz_load_bad_rows(m, l, kept, mp.ps.bad);
     if (rc == KVZ_ERR_UNSUPPORTED) return rc; /* a zstd record of that length: the copy route decodes it */
     if (rc) return rc;
     w->pf.records_direct++;
     w->pf.bytes += len;
+    *rec = r;
+    return 0;
+}
+
+int kvz_load_record_head(kvz_load_reader *w, const kvz_blob_meta *m, const uint8_t hash[16], uint32_t l,
+                         kvz_load_at at, const uint8_t **rec, uint64_t *seed, uint64_t *want)
+{
+    *rec = NULL;
+    if (w->map_only) return KVZ_ERR_UNSUPPORTED;
+    const size_t hl = at.pos - at.x + 4 * (size_t)kvz_blob_layer_kept(m, l); /* header + positions */
+    if (hl > at.len) return kvz_error_set(KVZ_ERR_ARG, "kvz_load_record_head: layout");
+    if (hl > w->head_n) {
+        free(w->head);
+        w->head_n = 0;
+        if (!(w->head = malloc(hl + 16))) return kvz_error_set(KVZ_ERR_NOMEM, "load: record head (%zu bytes)", hl);
+        w->head_n = hl;
+    }
+    const uint8_t *r = NULL;
+    size_t len = 0;
+    const double t0 = kvz_now();
+    int rc = kvz_store_map_peek(w->r, hash, l, at.len, &r, &len, w->head, hl);
+    w->pf.hash_s += kvz_now() - t0;
+    if (rc == KVZ_ERR_NOTFOUND) return missing(0, l);
+    if (rc) return rc;
+    if (!r || kvz_blob_header_codec(w->head) != KVZ_BLOB_CODEC_NONE) return KVZ_ERR_UNSUPPORTED; /* the other routes */
+    const double t1 = kvz_now();
+    rc = kvz_blob_layer_head(m, l, w->head, at.len);
+    w->pf.check_s += kvz_now() - t1;
+    if (rc == KVZ_ERR_UNSUPPORTED) return rc;
+    if (rc) { /* damaged: the error the host route gives (it compares the checksum before the later checks) */
+        const uint8_t *r2 = NULL;
+        const int rc2 = kvz_load_record_mapped(w, m, hash, l, at, &r2);
+        return rc2 && rc2 != KVZ_ERR_UNSUPPORTED ? rc2 : rc;
+    }
+    *seed = kvz_blob_record_seed(w->head);
+    memcpy(want, w->head + 48, 8); /* rec_xxh3 (docs/FORMAT.md §1), compared by kvz_blob_record_checksum */
     *rec = r;
     return 0;
 }
@@ -246,7 +284,7 @@ int kvz_load_record(kvz_load_reader *w, const kvz_blob_meta *m, const uint8_t ha
             const double t1 = kvz_now();
             rc = kvz_blob_layer_placed(m, l, dst + at.x, len, kvz_xxh3_digest(&ps.hs));
             pf->check_s += kvz_now() - t1;
-            if (!rc && ps.bad != UINT64_MAX) rc = bad_rows(m, l, kept, ps.bad);
+            if (!rc && ps.bad != UINT64_MAX) rc = kvz_load_bad_rows(m, l, kept, ps.bad);
             if (rc != KVZ_ERR_UNSUPPORTED) { /* UNSUPPORTED: a zstd record of that length */
                 pf->records_copied++;
                 pf->bytes += len;
@@ -307,6 +345,7 @@ void kvz_load_profile_add(kvz_load_profile *t, const kvz_load_profile *p)
     t->records_direct += p->records_direct;
     t->register_s += p->register_s;
     t->bytes += p->bytes;
+    t->records_dev_verified += p->records_dev_verified;
 }
 
 void kvz_load_sync_init(kvz_load_sync *s)

@@ -58,6 +58,8 @@ typedef struct kvz_load_reader {
     int map_only;          /**< 1: every record through the map (comparisons, benchmarks) */
     uint8_t *scratch;      /**< a zstd record as stored */
     size_t scratch_n;
+    uint8_t *head;         /**< a record's header and positions (kvz_load_record_head) */
+    size_t head_n;
     kvz_load_profile pf;   /**< this worker's times and record counts (the *_s worker fields) */
 } kvz_load_reader;
 
@@ -108,6 +110,29 @@ int kvz_load_record_peek(kvz_load_reader *w, uint32_t l, const uint8_t hash[16],
  */
 int kvz_load_record_mapped(kvz_load_reader *w, const kvz_blob_meta *m, const uint8_t hash[16], uint32_t l,
                            kvz_load_at at, const uint8_t **rec);
+
+/**
+ * The direct route when the device verifies the record (the CUDA loader): where LAYER
+ * record @p l of blob @p hash lies in the map (as kvz_load_record_peek), and every
+ * check of kvz_load_record_mapped() that does not read the payload: its header and
+ * positions, copied under the store's fault guard (kvz_blob_layer_head). The record
+ * checksum and the q8/q4 rows are NOT checked: the caller has the device compute the
+ * XXH3-64 of the payload with @p *seed (kvz_blob_record_seed) and compares it with
+ * kvz_blob_record_checksum() (@p *want: the header's rec_xxh3), and has the rows
+ * checked (kvz_load_bad_rows() says a bad one), before the load counts. A record that
+ * fails a check here is verified as kvz_load_record_mapped() verifies it, so the error
+ * is the one the host route gives. The caller counts the record (records_direct,
+ * records_dev_verified, bytes) once it takes this route.
+ * @return 0; KVZ_ERR_UNSUPPORTED (another length or codec, map_only, or the map is not
+ *   the data file: take kvz_load_record); the errors of kvz_load_record_mapped().
+ */
+int kvz_load_record_head(kvz_load_reader *w, const kvz_blob_meta *m, const uint8_t hash[16], uint32_t l,
+                         kvz_load_at at, const uint8_t **rec, uint64_t *seed, uint64_t *want);
+
+/** The error for q8/q4 row @p bad (K rows 0..kept-1, then V rows) of layer @p l of
+ *  blob @p m: KVZ_ERR_FORMAT, "layer L K|V row R: bad q8 scale block (...)", as
+ *  kvz_blob_decode_layer says it. */
+int kvz_load_bad_rows(const kvz_blob_meta *m, uint32_t l, uint64_t kept, uint64_t bad);
 
 /** Add the worker fields and counts of @p p into @p sum (the caller holds any lock). */
 void kvz_load_profile_add(kvz_load_profile *sum, const kvz_load_profile *p);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "kvz_cuda_common.cuh"
+#include "kvz_cuda_verify.h"
 #include "kvz_kvdtype.h"
 
 #define LOAD_MAX_KV 64
@@ -54,10 +55,38 @@ __device__ __forceinline__ void row8(const uint8_t *row, int hd, int e0, float *
     }
 }
 
-/* grid (blocks, n_kv): block row y = head h; threads stride over its rows x (hd/8). */
+/* 1 when the scale block of elements [e0, e0+8) of a q8/q4 row is one kvz_kvrow_check
+ * refuses (format/kvz_kvrow.c chk_q8/chk_q4, on the f16 bits): a scale with the sign bit
+ * set or exponent all ones (NaN, Inf, negative, -0), a q4 m that is NaN or Inf, a q8 -128.
+ * Every scale of a row is read by the threads of its group and every q8 value by one
+ * thread, so the threads of a row together check all of it. */
+template <int DT>
+__device__ __forceinline__ bool row8_bad(const uint8_t *row, int hd, int e0)
+{
+    const int ng = hd / KVZ_KV_QGROUP, g = e0 / KVZ_KV_QGROUP;
+    if (DT == KVZ_KV_Q8) {
+        const uint16_t dh = (uint16_t)row[2 * g] | (uint16_t)row[2 * g + 1] << 8;
+        bool bad = (dh & 0x8000) || (dh & 0x7c00) == 0x7c00;
+        const uint8_t *q = row + 2 * ng + e0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) bad |= q[i] == 0x80;
+        return bad;
+    }
+    if (DT == KVZ_KV_Q4) {
+        const uint16_t dh = (uint16_t)row[4 * g] | (uint16_t)row[4 * g + 1] << 8;
+        const uint16_t mh = (uint16_t)row[4 * g + 2] | (uint16_t)row[4 * g + 3] << 8;
+        return (dh & 0x8000) || (dh & 0x7c00) == 0x7c00 || (mh & 0x7c00) == 0x7c00;
+    }
+    return false;
+}
+
+/* grid (blocks, n_kv): block row y = head h; threads stride over its rows x (hd/8).
+ * bad != NULL (q8/q4): the first bad row's index in the record (K rows, then V rows)
+ * is atomicMin'd into *bad. */
 template <int DT>
 __global__ void kv_load_kernel(kvz_cuda_kv kv, load_args la, size_t row_bytes, const uint8_t *__restrict__ ks,
-                               const uint8_t *__restrict__ vs, const uint32_t *__restrict__ ps, int row0)
+                               const uint8_t *__restrict__ vs, const uint32_t *__restrict__ ps, int row0,
+                               unsigned long long *bad)
 {
     const int h = blockIdx.y, vpr = kv.hd / 8;
     const int r0 = la.off[h], n = la.off[h + 1] - r0;
@@ -69,6 +98,8 @@ __global__ void kv_load_kernel(kvz_cuda_kv kv, load_args la, size_t row_bytes, c
 #pragma unroll
         for (int w = 0; w < 2; w++) {
             float x[8];
+            if ((DT == KVZ_KV_Q8 || DT == KVZ_KV_Q4) && bad && row8_bad<DT>((w ? vs : ks) + src, kv.hd, e0))
+                atomicMin(bad, (unsigned long long)(w ? la.off[kv.n_kv] : 0) + (unsigned long long)(r0 + r));
             row8<DT>((w ? vs : ks) + src, kv.hd, e0, x);
             uint4 o;
             __nv_bfloat16 *b = (__nv_bfloat16 *)&o;
@@ -83,6 +114,13 @@ __global__ void kv_load_kernel(kvz_cuda_kv kv, load_args la, size_t row_bytes, c
 
 extern "C" int kvz_cuda_kv_load(cudaStream_t s, const kvz_cuda_kv *kv, int dtype, const int32_t *rows, int32_t row0,
                                 const void *k_src, const void *v_src, const uint32_t *pos_src)
+{
+    return kvz_cuda_kv_load_checked(s, kv, dtype, rows, row0, k_src, v_src, pos_src, NULL);
+}
+
+extern "C" int kvz_cuda_kv_load_checked(cudaStream_t s, const kvz_cuda_kv *kv, int dtype, const int32_t *rows,
+                                        int32_t row0, const void *k_src, const void *v_src, const uint32_t *pos_src,
+                                        unsigned long long *bad)
 {
     KVZ_ARG(row0 >= 0);
     KVZ_ARG(kv && kv->k && kv->v && kv->pos && kv->len && rows && k_src && v_src && pos_src);
@@ -105,11 +143,11 @@ extern "C" int kvz_cuda_kv_load(cudaStream_t s, const kvz_cuda_kv *kv, int dtype
     dim3 grid(blocks, kv->n_kv);
     const uint8_t *ks = (const uint8_t *)k_src, *vs = (const uint8_t *)v_src;
     switch (dtype) {
-    case KVZ_KV_F32: kv_load_kernel<KVZ_KV_F32><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0); break;
-    case KVZ_KV_F16: kv_load_kernel<KVZ_KV_F16><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0); break;
-    case KVZ_KV_BF16: kv_load_kernel<KVZ_KV_BF16><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0); break;
-    case KVZ_KV_Q8: kv_load_kernel<KVZ_KV_Q8><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0); break;
-    default: kv_load_kernel<KVZ_KV_Q4><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0); break;
+    case KVZ_KV_F32: kv_load_kernel<KVZ_KV_F32><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0, bad); break;
+    case KVZ_KV_F16: kv_load_kernel<KVZ_KV_F16><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0, bad); break;
+    case KVZ_KV_BF16: kv_load_kernel<KVZ_KV_BF16><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0, bad); break;
+    case KVZ_KV_Q8: kv_load_kernel<KVZ_KV_Q8><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0, bad); break;
+    default: kv_load_kernel<KVZ_KV_Q4><<<grid, 256, 0, s>>>(*kv, la, rb, ks, vs, pos_src, row0, bad); break;
     }
     KVZ_LAUNCH_CHECK("kv_load");
     return 0;

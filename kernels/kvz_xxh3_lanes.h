@@ -123,12 +123,18 @@ KVZ_XXH3L_FN uint64_t kvz_xxh3l_tail_lane(const uint8_t *in, uint64_t n, int i, 
     return s + kvz_xxh3l_stripe_lane(in + n - 64, i, kvz_xxh3l_key(seed, 192 - 64 - 7 + 8 * i));
 }
 
+/** One scramble with lane key @p key (= kvz_xxh3l_secret_word(seed, 16 + lane)). */
+KVZ_XXH3L_FN uint64_t kvz_xxh3l_scramble_k(uint64_t acc, uint64_t key)
+{
+    acc ^= acc >> 47;
+    acc ^= key;
+    return acc * 0x9E3779B1ull;
+}
+
 /** One scramble of lane @p i (after a full block). */
 KVZ_XXH3L_FN uint64_t kvz_xxh3l_scramble(uint64_t acc, int i, uint64_t seed)
 {
-    acc ^= acc >> 47;
-    acc ^= kvz_xxh3l_secret_word(seed, 16 + i);
-    return acc * 0x9E3779B1ull;
+    return kvz_xxh3l_scramble_k(acc, kvz_xxh3l_secret_word(seed, 16 + i));
 }
 
 /** high 64 bits of a * b */

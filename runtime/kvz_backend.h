@@ -134,6 +134,13 @@ typedef struct kvz_backend {
      *  head_dim/2) times @p key_scale, push the lengths and wait (the cache is ready). */
     int (*kv_shift)(kvz_kv *kv, const kvz_kv_shift_seg *segs, int n_seg, const float *cs,
                     const float *sn, int n_doc, float key_scale);
+    /** The direct route's records verified on the device (record checksum, q8/q4 rows:
+     *  kernels/kvz_cuda_loader.h kvz_cuda_load_verify_*); NULL on the CPU. */
+    int (*load_verify_begin)(kvz_model *m, int n_rec, const uint64_t *hashed);
+    int (*load_layer_verified)(kvz_kv *kv, int32_t layer, int slot, const void *src, size_t bytes, int dtype,
+                               const uint32_t *counts, int32_t row0, size_t k_off, size_t v_off, size_t pos_off,
+                               const size_t *cuts, int n_cuts, int rec, size_t hash_off, uint64_t seed);
+    int (*load_verify_end)(kvz_model *m, uint64_t *digest, uint64_t *bad_row);
 } kvz_backend;
 
 /** The backend for @p device (KVZ_DEVICE_CPU, KVZ_DEVICE_CUDA, or KVZ_DEVICE_AUTO: CUDA

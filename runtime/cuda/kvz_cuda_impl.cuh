@@ -14,6 +14,7 @@ extern "C" {
 #include "kvz_cuda_backend.h"
 #include "kvz_cuda_loader.h"
 #include "kvz_rope_shift_cuda.h"
+#include "kvz_cuda_verify.h"
 }
 
 /* eviction modes of ingest/kvz_kvzip.h (KVZ_EVICT_GLOBAL / KVZ_EVICT_UNIFORM) */
@@ -80,6 +81,13 @@ struct kvz_cuda_model {
     cudaEvent_t ld_ev[KVZ_CUDA_LOAD_MAX_SLOTS];
     size_t ld_bytes;  /* bytes of each slot */
     int ld_n;         /* slots allocated */
+    /* the direct route's records verified on the device (kvz_cuda_load_verify_*):
+     * block sums of each record's hash, its job, and results (digests, then first bad rows) */
+    uint64_t *lv_sums, *lv_off;  /* device (lv_sums_n u64); host (lv_cap): each record's sums */
+    size_t lv_sums_n;
+    struct kvz_cuda_xxh3_job *lv_jobs_h, *lv_jobs_d; /* pinned host, device (lv_cap) */
+    uint64_t *lv_res_h, *lv_res_d;  /* pinned host, device (2 lv_cap) */
+    int lv_cap, lv_n;
     /* continuous batching (kvz_cuda_multi.cu), grown on demand: activations for mb_n
      * rows, per-(layer, sequence) descriptors (device + pinned staging, with the
      * step's tokens and positions after them), attention workspace, logits */
@@ -98,6 +106,9 @@ struct kvz_cuda_model {
     long long *mb_gsum; /* (n_layer) sum_len of the captured step */
     int mb_gseen, mb_gdisabled;
 };
+
+/* free the loader's device-verification buffers (kvz_cuda_load.cu; model free) */
+void kvz_cuda_load_verify_free(kvz_cuda_model *g);
 
 /* ====================================================================== */
 /* cache (kvz_cuda_cache.cu)                                                */

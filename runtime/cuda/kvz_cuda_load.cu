@@ -2,6 +2,7 @@
  * kvz_cuda_loader.h), export of kept rows as stored types, and the multi-document
  * composition (kvz_rope_shift_cuda.h). */
 #include "kvz_cuda_impl.cuh"
+#include "kvz_xxh3_lanes.h"
 
 /* ====================================================================== */
 /* pipelined loader (kvz_cuda_loader.h)                                     */
@@ -57,10 +58,13 @@ extern "C" int kvz_cuda_load_slots(kvz_model *m, size_t slot_bytes, int nslot, v
 
 /* Both layer uploads: @p bytes from @p src (NULL: slot @p slot's pinned buffer) copied,
  * piece by piece at @p cuts, to the slot's device buffer + @p shift, then one kernel
- * converts the rows into cache rows row0.. of each head and an event marks the slot. */
+ * converts the rows into cache rows row0.. of each head and an event marks the slot.
+ * @p rec >= 0: the device verifies record @p rec of the load (kvz_cuda_load_verify_begin):
+ * the load kernel checks q8/q4 rows into its bad-row result, and the block sums of the
+ * hash of bytes [hash_off, bytes) with @p seed are computed before the slot is given back. */
 static int load_into(kvz_kv *kv, int32_t layer, int slot, const void *src, size_t bytes, size_t shift, int dtype,
                      const uint32_t *counts, int32_t row0, size_t k_off, size_t v_off, size_t pos_off,
-                     const size_t *cuts, int n_cuts)
+                     const size_t *cuts, int n_cuts, int rec = -1, size_t hash_off = 0, uint64_t seed = 0)
 {
     kvz_cuda_cache *cc = kv->cuda;
     kvz_cuda_model *g = kv->m->cuda;
@@ -74,6 +78,9 @@ static int load_into(kvz_kv *kv, int32_t layer, int slot, const void *src, size_
                                  layer, h, (long long)counts[h] + row0, (long long)kv->cap);
         rows[h] = (int32_t)counts[h];
     }
+    if (rec >= 0 && (rec >= g->lv_n || hash_off >= bytes || bytes - hash_off < KVZ_XXH3L_MIN_LEN ||
+                     g->lv_off[rec] + kvz_cuda_xxh3_sums_len(bytes - hash_off) > g->lv_sums_n))
+        return kvz_error_set(KVZ_ERR_ARG, "load_layer: record %d cannot be verified on the device", rec);
     const cudaStream_t s = g->s;
     const char *from = src ? (const char *)src : (const char *)g->ld_h[slot];
     char *d = (char *)g->ld_d[slot] + shift;
@@ -82,7 +89,14 @@ static int load_into(kvz_kv *kv, int32_t layer, int slot, const void *src, size_
         if (hi < lo || hi > bytes) return kvz_error_set(KVZ_ERR_ARG, "load_layer: bad cuts");
         if (hi > lo) KVZ_CUDA_TRY(cudaMemcpyAsync(d + lo, from + lo, hi - lo, cudaMemcpyHostToDevice, s));
     }
-    TRY(kvz_cuda_kv_load(s, &cc->L[layer], dtype, rows, row0, d + k_off, d + v_off, (const uint32_t *)(d + pos_off)));
+    TRY(kvz_cuda_kv_load_checked(s, &cc->L[layer], dtype, rows, row0, d + k_off, d + v_off,
+                                 (const uint32_t *)(d + pos_off),
+                                 rec >= 0 ? (unsigned long long *)(g->lv_res_d + g->lv_cap + rec) : NULL));
+    if (rec >= 0) {
+        const uint64_t n = bytes - hash_off;
+        TRY(kvz_cuda_xxh3_sums(s, d + hash_off, n, seed, g->lv_sums + g->lv_off[rec]));
+        g->lv_jobs_h[rec] = kvz_cuda_xxh3_job{n, seed, g->lv_off[rec]};
+    }
     KVZ_CUDA_TRY(cudaEventRecord(g->ld_ev[slot], s));
     for (int32_t h = 0; h < kv->n_kv_head; h++) kv->len[(size_t)layer * kv->n_kv_head + h] = row0 + rows[h];
     return 0;
@@ -102,6 +116,97 @@ extern "C" int kvz_cuda_load_layer_src(kvz_kv *kv, int32_t layer, int slot, cons
     /* shifted so that K lands 16-byte aligned: the kernel reads f16/bf16/f32 rows 16 bytes at a time */
     return load_into(kv, layer, slot, src, bytes, (16 - k_off % 16) % 16, dtype, counts, row0, k_off, v_off, pos_off,
                      cuts, n_cuts);
+}
+
+extern "C" int kvz_cuda_load_layer_verified(kvz_kv *kv, int32_t layer, int slot, const void *src, size_t bytes,
+                                            int dtype, const uint32_t *counts, int32_t row0, size_t k_off,
+                                            size_t v_off, size_t pos_off, const size_t *cuts, int n_cuts, int rec,
+                                            size_t hash_off, uint64_t seed)
+{
+    if (!src || rec < 0) return kvz_error_set(KVZ_ERR_ARG, "load_layer_verified: no source or record");
+    return load_into(kv, layer, slot, src, bytes, (16 - k_off % 16) % 16, dtype, counts, row0, k_off, v_off, pos_off,
+                     cuts, n_cuts, rec, hash_off, seed);
+}
+
+void kvz_cuda_load_verify_free(kvz_cuda_model *g)
+{
+    dfree(g->lv_sums);
+    dfree(g->lv_jobs_d);
+    dfree(g->lv_res_d);
+    if (g->lv_jobs_h) cudaFreeHost(g->lv_jobs_h);
+    if (g->lv_res_h) cudaFreeHost(g->lv_res_h);
+    free(g->lv_off);
+    g->lv_sums = g->lv_off = g->lv_res_h = g->lv_res_d = NULL;
+    g->lv_jobs_h = g->lv_jobs_d = NULL;
+    g->lv_sums_n = 0;
+    g->lv_cap = g->lv_n = 0;
+}
+
+extern "C" int kvz_cuda_load_verify_begin(kvz_model *m, int n_rec, const uint64_t *hashed)
+{
+    kvz_cuda_model *g = m->cuda;
+    if (!g || n_rec < 0 || (n_rec && !hashed)) return kvz_error_set(KVZ_ERR_ARG, "load_verify_begin: bad arguments");
+    size_t sums = 0;
+    for (int r = 0; r < n_rec; r++)
+        if (hashed[r] >= KVZ_XXH3L_MIN_LEN) sums += kvz_cuda_xxh3_sums_len(hashed[r]);
+    if (n_rec > g->lv_cap || sums > g->lv_sums_n) {
+        KVZ_CUDA_TRY(cudaStreamSynchronize(g->s)); /* nothing in flight uses the old buffers */
+        const int cap = n_rec > g->lv_cap ? n_rec : g->lv_cap;
+        const size_t sn = sums > g->lv_sums_n ? sums + sums / 4 : g->lv_sums_n;
+        kvz_cuda_load_verify_free(g);
+        int rc = dmalloc((void **)&g->lv_sums, sn * 8 + 8, "load verification sums");
+        if (!rc) rc = dmalloc((void **)&g->lv_jobs_d, sizeof(kvz_cuda_xxh3_job) * (size_t)cap, "load verification jobs");
+        if (!rc) rc = dmalloc((void **)&g->lv_res_d, 16 * (size_t)cap, "load verification results");
+        cudaError_t e = cudaSuccess;
+        if (!rc) e = cudaHostAlloc((void **)&g->lv_jobs_h, sizeof(kvz_cuda_xxh3_job) * (size_t)cap, cudaHostAllocDefault);
+        if (!rc && e == cudaSuccess) e = cudaHostAlloc((void **)&g->lv_res_h, 16 * (size_t)cap, cudaHostAllocDefault);
+        if (!rc && e == cudaSuccess && !(g->lv_off = (uint64_t *)malloc(8 * (size_t)cap))) rc = KVZ_ERR_NOMEM;
+        if (!rc && e != cudaSuccess) {
+            cudaGetLastError();
+            rc = kvz_error_set(KVZ_ERR_CUDA, "load verification (pinned): %s", cudaGetErrorString(e));
+        }
+        if (rc) {
+            kvz_cuda_load_verify_free(g);
+            return rc == KVZ_ERR_NOMEM ? kvz_error_set(rc, "load verification buffers") : rc;
+        }
+        g->lv_cap = cap;
+        g->lv_sums_n = sn;
+    }
+    size_t at = 0;
+    for (int r = 0; r < n_rec; r++) {
+        g->lv_off[r] = at;
+        if (hashed[r] >= KVZ_XXH3L_MIN_LEN) at += kvz_cuda_xxh3_sums_len(hashed[r]);
+    }
+    memset(g->lv_jobs_h, 0, sizeof(kvz_cuda_xxh3_job) * (size_t)n_rec); /* n 0: not verified on the device */
+    g->lv_n = n_rec;
+    if (n_rec) { /* digests 0, first bad rows all ones (none) */
+        KVZ_CUDA_TRY(cudaMemsetAsync(g->lv_res_d, 0, 8 * (size_t)n_rec, g->s));
+        KVZ_CUDA_TRY(cudaMemsetAsync(g->lv_res_d + g->lv_cap, 0xff, 8 * (size_t)n_rec, g->s));
+    }
+    return 0;
+}
+
+extern "C" int kvz_cuda_load_verify_end(kvz_model *m, uint64_t *digest, uint64_t *bad_row)
+{
+    kvz_cuda_model *g = m->cuda;
+    if (!g) return kvz_error_set(KVZ_ERR_ARG, "load_verify_end: no device model");
+    const int n = g->lv_n;
+    const cudaStream_t s = g->s;
+    if (n) {
+        KVZ_CUDA_TRY(cudaMemcpyAsync(g->lv_jobs_d, g->lv_jobs_h, sizeof(kvz_cuda_xxh3_job) * (size_t)n,
+                                     cudaMemcpyHostToDevice, s));
+        TRY(kvz_cuda_xxh3_chain(s, g->lv_jobs_d, n, g->lv_sums, g->lv_res_d));
+        KVZ_CUDA_TRY(cudaMemcpyAsync(g->lv_res_h, g->lv_res_d, 8 * (size_t)n, cudaMemcpyDeviceToHost, s));
+        KVZ_CUDA_TRY(cudaMemcpyAsync(g->lv_res_h + g->lv_cap, g->lv_res_d + g->lv_cap, 8 * (size_t)n,
+                                     cudaMemcpyDeviceToHost, s));
+    }
+    KVZ_CUDA_TRY(cudaStreamSynchronize(s));
+    for (int r = 0; r < n; r++) {
+        if (digest) digest[r] = g->lv_res_h[r];
+        if (bad_row) bad_row[r] = g->lv_res_h[g->lv_cap + r];
+    }
+    g->lv_n = 0;
+    return 0;
 }
 
 extern "C" int kvz_cuda_load_wait(kvz_model *m, int slot)

@@ -57,6 +57,29 @@ int kvz_cuda_load_layer_src(kvz_kv *kv, int32_t layer, int slot, const void *src
                             const uint32_t *counts, int32_t row0, size_t k_off, size_t v_off, size_t pos_off,
                             const size_t *cuts, int n_cuts);
 
+/**
+ * Records verified on the device (the direct route, where the host would otherwise
+ * read each record a second time to hash it): kvz_cuda_load_verify_begin() for a load
+ * of @p n_rec records of which record r hashes @p hashed[r] bytes (< 241: never
+ * verified here; room for its block sums is kept), then kvz_cuda_load_layer_verified()
+ * per record so verified, then kvz_cuda_load_verify_end() after the last upload: it
+ * waits for the whole load (as kvz_cuda_load_finish) and gives, per record, the XXH3-64
+ * with its seed of bytes [hash_off, bytes) as uploaded (0 for a record not so loaded)
+ * and the first q8/q4 row that kvz_kvrow_check refuses (index over K rows then V rows;
+ * UINT64_MAX: none). The caller compares them; the cache counts only when all match.
+ */
+int kvz_cuda_load_verify_begin(kvz_model *m, int n_rec, const uint64_t *hashed);
+
+/** kvz_cuda_load_layer_src() of record @p rec of the load begun by
+ *  kvz_cuda_load_verify_begin(), plus its verification on the device (above). */
+int kvz_cuda_load_layer_verified(kvz_kv *kv, int32_t layer, int slot, const void *src, size_t bytes, int dtype,
+                                 const uint32_t *counts, int32_t row0, size_t k_off, size_t v_off, size_t pos_off,
+                                 const size_t *cuts, int n_cuts, int rec, size_t hash_off, uint64_t seed);
+
+/** The results of the load's device verification into @p digest and @p bad_row (n_rec
+ *  each, NULL: not wanted), after waiting for everything on the model's stream. */
+int kvz_cuda_load_verify_end(kvz_model *m, uint64_t *digest, uint64_t *bad_row);
+
 /** Register [@p p, @p p + @p n), rounded out to whole pages, with the CUDA driver as
  *  read-only page-locked memory (cudaHostRegister: Portable | ReadOnly) so that H2D
  *  copies read it directly (no staging copy). *@p base: what to give

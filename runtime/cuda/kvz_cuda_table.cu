@@ -53,6 +53,9 @@ static kvz_backend make_table(void)
     b.load_release = kvz_cuda_load_release;
     b.load_rows = kvz_cuda_load_rows;
     b.kv_shift = kv_shift;
+    b.load_verify_begin = kvz_cuda_load_verify_begin;
+    b.load_layer_verified = kvz_cuda_load_layer_verified;
+    b.load_verify_end = kvz_cuda_load_verify_end;
     return b;
 }
 

@@ -203,6 +203,7 @@ extern "C" void kvz_cuda_model_free(kvz_model *m)
         dfree(g->ld_d[i]);
         cudaEventDestroy(g->ld_ev[i]);
     }
+    kvz_cuda_load_verify_free(g);
     kvz_cuda_blas_destroy(g->blas);
     if (g->s) cudaStreamDestroy(g->s);
     free(g);

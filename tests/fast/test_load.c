@@ -18,7 +18,11 @@
  *     re-ingested id (new content hash) is not served from the cache; budget 0 keeps
  *     nothing.
  * On a CUDA build with a usable GPU the same documents are also loaded with
- * --device cuda and compared with the CPU cache rounded to bf16 (bit for bit). */
+ * --device cuda and compared with the CPU cache rounded to bf16 (bit for bit); there
+ * the direct route (records uploaded from the pinned map) verifies its records on the
+ * device (checksum kernels, row check in the load kernel), and a bad q8 scale and a
+ * byte flipped in data.mdb must fail it as they fail the host-verified direct route,
+ * the copy route and the map route (same error codes and messages). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -593,26 +597,32 @@ static int run(int device)
         const uint8_t h1[16] = {5, 1, (uint8_t)device}, h2[16] = {5, 2, (uint8_t)device};
         CHECK(put_blob(st, "q8-copy", h1, &bm, &d, 0, NULL, NULL) == 0);
         kvz_load_profile pf;
-        /* routes: 0 direct (CUDA: from the registered map for every record: direct_min 1; the CPU
-         * copies), 1 through the map, 2 (CUDA) the copy route (the default) */
-        const int nroute = device == KVZ_DEVICE_CPU ? 2 : 3;
-        static const char *route_name[3] = {"direct", "map", "copy"};
+        /* routes: 0 direct (CUDA: from the registered map for every record: direct_min 1, the
+         * records verified on the device; the CPU copies), 1 through the map, 2 (CUDA) the copy
+         * route (the default), 3 (CUDA) direct with every record verified on the host */
+        const int nroute = device == KVZ_DEVICE_CPU ? 2 : 4;
+        static const char *route_name[4] = {"direct", "map", "copy", "direct, host-verified"};
         for (int mo2 = 0; mo2 < nroute; mo2++) {
-            kvz_load_opts lo = {.threads = 2, .profile = &pf, .map_only = mo2 == 1, .direct = mo2 == 0,
-                                .direct_min = 1};
+            kvz_load_opts lo = {.threads = 2, .profile = &pf, .map_only = mo2 == 1, .direct = mo2 == 0 || mo2 == 3,
+                                .direct_min = 1, .host_verify = mo2 == 3};
             int rc = kvz_load_doc(m, st, "q8-copy", 0, 0, &lo, &kv, &dm);
             CHECKF(rc == 0, "%s q8-copy: %s", dev, kvz_error_detail());
             if (rc) continue;
             long bad = diff_cache(kv, &d, L, H, hd, KVZ_KV_Q8, device != KVZ_DEVICE_CPU);
-            printf("  %s q8 %s route: %llu records straight from the map, %llu copied, %llu through the map, "
-                   "%ld mismatches\n", dev, route_name[mo2], (unsigned long long)pf.records_direct,
-                   (unsigned long long)pf.records_copied, (unsigned long long)pf.records_mapped, bad);
+            printf("  %s q8 %s route: %llu records straight from the map (%llu verified on the device), %llu copied, "
+                   "%llu through the map, %ld mismatches\n", dev, route_name[mo2], (unsigned long long)pf.records_direct,
+                   (unsigned long long)pf.records_dev_verified, (unsigned long long)pf.records_copied,
+                   (unsigned long long)pf.records_mapped, bad);
             CHECK(bad == 0 && pf.records_copied + pf.records_direct == (mo2 == 1 ? 0u : (uint64_t)L) &&
                   pf.records_mapped == (mo2 == 1 ? (uint64_t)L : 0u));
             /* the direct route on CUDA: records of their own pages take it (a record sharing a page with
              * another is registered once only; the rest are copied) */
-            if (mo2 == 0 && device != KVZ_DEVICE_CPU) CHECK(pf.records_direct >= 1);
-            if (mo2 != 0 || device == KVZ_DEVICE_CPU) CHECK(pf.records_direct == 0);
+            const int direct = (mo2 == 0 || mo2 == 3) && device != KVZ_DEVICE_CPU;
+            if (direct) CHECK(pf.records_direct >= 1);
+            else CHECK(pf.records_direct == 0);
+            /* the GPU-verified direct route ran (its records over 240 payload bytes), and only there */
+            if (direct && mo2 == 0) CHECK(pf.records_dev_verified >= 1 && pf.records_dev_verified <= pf.records_direct);
+            else CHECK(pf.records_dev_verified == 0);
             kvz_kv_free(kv);
         }
         /* layer 1, K row 0: a NaN scale, both checksums fixed (the store takes it) */
@@ -710,7 +720,8 @@ static int run(int device)
         kvz_store_rec mrec = {mr, ml};
         CHECK(kvz_store_put_doc(st, "q8-badscale", h2, &info, &mrec, recs, (uint32_t)L, NULL) == 0);
         for (int mo2 = 0; mo2 < nroute; mo2++) {
-            kvz_load_opts lo = {.threads = 2, .map_only = mo2 == 1, .direct = mo2 == 0, .direct_min = 1};
+            kvz_load_opts lo = {.threads = 2, .map_only = mo2 == 1, .direct = mo2 == 0 || mo2 == 3, .direct_min = 1,
+                                .host_verify = mo2 == 3};
             kv = NULL;
             int rc = kvz_load_doc(m, st, "q8-badscale", 0, 0, &lo, &kv, &dm);
             printf("  %s q8 bad scale (%s route): %s (%s)\n", dev, route_name[mo2], kvz_strerror(rc),
@@ -755,7 +766,8 @@ static int run(int device)
             const int nf = flip_in_store(dir, frec[w]->data, frec[w]->len, 0x10);
             CHECKF(nf >= 1, "%s: layer 0 record of %s not found in data.mdb", dev, fid[w]);
             for (int mo2 = 0; mo2 < nroute && nf; mo2++) {
-                kvz_load_opts lo = {.threads = 2, .map_only = mo2 == 1, .direct = mo2 == 0, .direct_min = 1};
+                kvz_load_opts lo = {.threads = 2, .map_only = mo2 == 1, .direct = mo2 == 0 || mo2 == 3,
+                                    .direct_min = 1, .host_verify = mo2 == 3};
                 kv = NULL;
                 int rc = kvz_load_doc(m, st, fid[w], 0, 0, &lo, &kv, &dm);
                 printf("  %s %s: byte flipped in data.mdb (%d copies; %s route): %s (%s)\n", dev, fid[w], nf,
