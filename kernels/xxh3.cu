@@ -10,11 +10,14 @@
 /* thread t: lane t % 8 of block t / 8 (grid-stride over blocks 0..nb, nb = the tail) */
 __global__ void xxh3_sums_kernel(const uint8_t *__restrict__ in, uint64_t n, uint64_t seed, uint64_t *__restrict__ sums)
 {
+    __shared__ uint64_t sw[24]; /* the derived secret's words, once per block */
+    if (threadIdx.x < 24) sw[threadIdx.x] = kvz_xxh3l_secret_word(seed, (int)threadIdx.x);
+    __syncthreads();
     const int i = threadIdx.x & 7;
     const uint64_t nb = kvz_xxh3l_nblocks(n);
-    uint64_t key[16];
+    uint64_t key[16]; /* stripe k's key for lane i: word k + i */
 #pragma unroll
-    for (int k = 0; k < 16; k++) key[k] = kvz_xxh3l_secret_word(seed, k + i);
+    for (int k = 0; k < 16; k++) key[k] = sw[k + i];
     const uint64_t step = ((uint64_t)gridDim.x * blockDim.x) >> 3;
     for (uint64_t b = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 3; b <= nb; b += step) {
         uint64_t s = 0;
