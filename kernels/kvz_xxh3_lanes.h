@@ -25,7 +25,8 @@
  *   acc[i] += T[i] (the tail's sum); digest = merge(acc).
  * kvz_xxh3l_block_lane() is S, kvz_xxh3l_tail_lane() is T, kvz_xxh3l_hash() the whole
  * thing on one thread. Inputs are read 8 bytes at a time as little-endian u64; on the
- * device the pointer must be 4-byte aligned (two 32-bit loads).
+ * device the input must start 4-byte aligned (two 32-bit loads; its last stripe may
+ * lie anywhere).
  */
 #ifndef KVZ_XXH3_LANES_H
 #define KVZ_XXH3_LANES_H
@@ -43,12 +44,19 @@
 #define KVZ_XXH3L_BLOCK 1024u  /**< bytes of one block (16 stripes of 64) */
 #define KVZ_XXH3L_MIN_LEN 241u /**< the shortest input this form computes (XXH3's long path) */
 
-/** 8 little-endian bytes of @p p (device: @p p 4-byte aligned). */
+/** 8 little-endian bytes of @p p, any alignment (device: two 32-bit loads where @p p
+ *  is 4-byte aligned, as every full block's are; bytes otherwise: the last stripe of
+ *  an input whose length is not a multiple of 4). */
 KVZ_XXH3L_FN uint64_t kvz_xxh3l_rd64(const uint8_t *p)
 {
 #ifdef __CUDA_ARCH__
-    const uint32_t *q = (const uint32_t *)p;
-    return (uint64_t)q[0] | (uint64_t)q[1] << 32;
+    if (((uintptr_t)p & 3) == 0) {
+        const uint32_t *q = (const uint32_t *)p;
+        return (uint64_t)q[0] | (uint64_t)q[1] << 32;
+    }
+    uint64_t v = 0;
+    for (int b = 7; b >= 0; b--) v = v << 8 | p[b];
+    return v;
 #else
     uint64_t v;
     memcpy(&v, p, 8); /* x86-64 and the GPU are little-endian */
