@@ -85,7 +85,8 @@ typedef struct kvz_load_layer_time {
     double ready_s;    /**< its records were read, verified and decoded; direct route: the
                             record was found in the pinned map (its upload may start) */
     double checked_s;  /**< its records were verified (= ready_s except on the direct route,
-                            which verifies while the upload runs) */
+                            which verifies while the upload runs; route 'g': its header and
+                            positions were, the device's results are compared at the end) */
     double take_s;     /**< the calling thread took it for upload (GPU) */
     double upload_s;   /**< the calling thread had queued its upload (GPU) */
     double zstd_s;     /**< of claim -> ready, the time its worker spent in zstd decoding (the

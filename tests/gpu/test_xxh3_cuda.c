@@ -216,7 +216,10 @@ int main(void)
         printf("SKIP: no usable CUDA device (%s)\n", kvz_error_detail());
         return 77;
     }
-    rng_seed((uint64_t)time(NULL));
+    const char *se = getenv("KVZ_SEED");
+    const uint64_t seed = se ? strtoull(se, NULL, 10) : (uint64_t)time(NULL);
+    rng_seed(seed);
+    printf("xxh3 / row check on the device, seed %llu (KVZ_SEED=n reproduces)\n", (unsigned long long)seed);
     CU(cudaStreamCreate(&g_s));
     test_hash();
     test_rows();
