@@ -158,8 +158,9 @@ static void *load_worker(void *arg)
         if (!rc && j->pm) rc = kvz_load_record(&rd, j->pm, j->pm_hash, 1, l, s, pre_at(j, l));
         if (!rc && spec) {
             /* the upload starts now; the record is verified meanwhile (checksum, q8/q4 rows,
-             * header, positions) and a failure fails the load, so its rows are never used:
-             * the bytes cannot change while the load's read transaction is open */
+             * header, positions; dev: header and positions were, the device does the rest,
+             * compared in dev_results) and a failure fails the load, so its rows are never
+             * used: the bytes cannot change while the load's read transaction is open */
             if (j->trace) j->trace[l].ready_s = kvz_now() - j->t0;
             pthread_mutex_lock(&j->sy.mu);
             j->src[l] = spec;
