@@ -1,9 +1,11 @@
 /* libkvzip: continuous batching (include/kvzip.h, "Continuous batching"). Many
  * sessions' answers are decoded together: kvzip_batch_submit queues a question from
  * any thread, one scheduler thread calls kvzip_batch_step, which admits waiting
- * questions (prefill + first token) and then runs one kvz_forward_multi decode step
+ * questions (prefill + first token) and then runs one kvz_forward_multi_top decode step
  * over every running answer. Sampling, stop tokens and max_tokens go through the
- * decode state kvz_generate uses (kvz_gen_seq), so an answer here equals kvzip_ask's. */
+ * decode state kvz_generate uses (kvz_gen_seq), so an answer here equals kvzip_ask's;
+ * a greedy answer takes the step's argmax id (kvz_argmax's rule, on the device on CUDA)
+ * instead of its logits row. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
