@@ -273,7 +273,8 @@ int kvzip_batch_step(kvzip_batch *b)
     int rc = 0;
     double step_s = 0;
     char detail[512] = "";
-    kvz_step_io io = {.want_logits = b->want, .top = b->top, .path = KVZ_STEP_PASSES};
+    /* b->work (the sampler's) is free during the step: the per-cache route's scratch row */
+    kvz_step_io io = {.want_logits = b->want, .top = b->top, .path = KVZ_STEP_PASSES, .scratch = b->work};
     if (n > 0) {
         for (int32_t i = 0; i < n; i++) {
             b->kvs[i] = b->run[i]->ss->kv;

@@ -620,6 +620,7 @@ int kvz_forward_each(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, con
             rc = m->be->forward(m, kv[i], tokens + i, 1, pos[i], NULL, KVZ_FWD_NO_LOGITS, NULL);
             continue;
         }
+        if (!row && io->scratch) row = io->scratch;
         if (!row) {
             if (!scratch && !(scratch = malloc(V * sizeof *scratch))) {
                 rc = kvz_error_set(KVZ_ERR_NOMEM, "forward_multi: a logits row");

@@ -305,6 +305,9 @@ typedef struct kvz_step_io {
     int32_t *top;               /**< (n) or NULL: row i's argmax id (kvz_argmax: the lowest id
                                      of the largest logit), for every row */
     int32_t path;               /**< out: KVZ_STEP_* */
+    float *scratch;             /**< NULL, or n_vocab floats the per-cache route (CPU, n = 1)
+                                     may compute an unwanted row's logits into, for its id
+                                     (NULL: a row is allocated per call) */
 } kvz_step_io;
 
 /**

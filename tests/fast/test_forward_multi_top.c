@@ -6,7 +6,8 @@
  *
  * The step: NC caches with their own random documents and LongFlow buffers of 6 slots
  * (so they evict within the run), and twin caches stepped one at a time with kvz_forward.
- * STEPS steps over a changing subset; row i asks for its logits on some steps only.
+ * STEPS steps over a changing subset; row i asks for its logits on some steps only;
+ * odd steps lend a scratch row (kvz_step_io.scratch) for the unwanted rows' ids.
  * Asserted every row: a wanted row equals the twin's logits exactly (the same forward
  * pass), a row not wanted keeps the bytes it had, the argmax id equals kvz_argmax of the
  * twin's logits, path is KVZ_STEP_PASSES. Bad input: logits NULL while a row wants them,
@@ -69,7 +70,8 @@ int main(void)
         tok[i] = rnd(V);
     }
     float *lm = malloc(sizeof(float) * (size_t)NC * V), *ls = malloc(sizeof(float) * (size_t)V);
-    REQUIRE(lm && ls);
+    float *scr = malloc(sizeof(float) * (size_t)V); /* io.scratch on odd steps */
+    REQUIRE(lm && ls && scr);
     /* bad input */
     {
         kvz_kv *two[2] = {A[0], A[1]};
@@ -94,7 +96,7 @@ int main(void)
             memset(lm + (size_t)j * V, 0x5A, sizeof(float) * V);
             top[j] = -1;
         }
-        kvz_step_io io = {.want_logits = want, .top = top, .path = -1};
+        kvz_step_io io = {.want_logits = want, .top = top, .path = -1, .scratch = st % 2 ? scr : NULL};
         const int rc = kvz_forward_multi_top(m, sel, tk, ps, n, none ? NULL : lm, &io);
         CHECKF(rc == 0, "step %d: %s (%s)", st, kvz_strerror(rc), kvz_error_detail());
         if (rc) break;
@@ -135,6 +137,7 @@ int main(void)
     for (int i = 0; i < NC; i++) { kvz_kv_free(A[i]); kvz_kv_free(T[i]); }
     free(lm);
     free(ls);
+    free(scr);
     kvz_model_free(m);
     return kvz_test_summary();
 }
