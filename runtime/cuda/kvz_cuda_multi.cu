@@ -114,13 +114,16 @@ static int mb_ensure(kvz_model *m, int32_t n, int64_t max_len_b, int32_t max_slo
     const size_t ws_bytes = max_len_b > INT32_MAX ? 0 : kvz_cuda_attn_decode_multi_ws_size(g->mb_n, c->n_head,
                                                          c->n_kv_head, c->head_dim, (int)max_len_b, max_slot);
     if (!ws_bytes) return kvz_error_set(KVZ_ERR_ARG, "forward_multi: attention workspace size");
-    if (ws_bytes > g->mb_ws_bytes) {
+    if (ws_bytes > g->mb_ws_bytes) { /* room for twice the bucket: longer documents joining later keep the graphs */
+        const int64_t more = 2 * max_len_b > INT32_MAX ? max_len_b : 2 * max_len_b;
+        const size_t want = kvz_cuda_attn_decode_multi_ws_size(g->mb_n, c->n_head, c->n_kv_head, c->head_dim,
+                                                               (int)more, max_slot);
         mb_graphs_clear(g);
         dfree(g->mb_ws);
         g->mb_ws = NULL;
         g->mb_ws_bytes = 0;
-        TRY(dmalloc(&g->mb_ws, ws_bytes, "batched decode attention workspace"));
-        g->mb_ws_bytes = ws_bytes;
+        TRY(dmalloc(&g->mb_ws, want > ws_bytes ? want : ws_bytes, "batched decode attention workspace"));
+        g->mb_ws_bytes = want > ws_bytes ? want : ws_bytes;
     }
     if (n > g->mb_logits_n) {
         const int32_t nn = n < 32 ? 32 : n;
