@@ -1,9 +1,11 @@
 /* libkvzip: continuous batching (include/kvzip.h, "Continuous batching"). Many
  * sessions' answers are decoded together: kvzip_batch_submit queues a question from
  * any thread, one scheduler thread calls kvzip_batch_step, which admits waiting
- * questions (prefill + first token) and then runs one kvz_forward_multi decode step
+ * questions (prefill + first token) and then runs one kvz_forward_multi_top decode step
  * over every running answer. Sampling, stop tokens and max_tokens go through the
- * decode state kvz_generate uses (kvz_gen_seq), so an answer here equals kvzip_ask's. */
+ * decode state kvz_generate uses (kvz_gen_seq), so an answer here equals kvzip_ask's;
+ * a greedy answer takes the step's argmax id (kvz_argmax's rule, on the device on CUDA)
+ * instead of its logits row. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +48,8 @@ struct kvzip_batch {
     /* step buffers (the stepping thread's) */
     float *logits, *work;     /* (max_seqs, n_vocab); 2 * n_vocab */
     kvz_kv **kvs;
-    int32_t *tok, *pos;
+    int32_t *tok, *pos, *top; /* (max_seqs): fed tokens, positions, argmax ids back */
+    uint8_t *want;            /* (max_seqs): 1 = the answer's sampler needs its logits row */
 };
 
 void kvzip_batch_defaults(kvzip_batch_opts *o)
@@ -66,6 +69,8 @@ static void batch_free(kvzip_batch *b)
     free(b->kvs);
     free(b->tok);
     free(b->pos);
+    free(b->top);
+    free(b->want);
     free(b->run);
     free(b);
 }
@@ -91,9 +96,11 @@ int kvzip_batch_open(kvzip_model *m, const kvzip_batch_opts *opts, kvzip_batch *
         b->kvs = calloc((size_t)o.max_seqs, sizeof *b->kvs);
         b->tok = calloc((size_t)o.max_seqs, sizeof *b->tok);
         b->pos = calloc((size_t)o.max_seqs, sizeof *b->pos);
+        b->top = calloc((size_t)o.max_seqs, sizeof *b->top);
+        b->want = calloc((size_t)o.max_seqs, sizeof *b->want);
         b->run = calloc((size_t)o.max_seqs, sizeof *b->run);
     }
-    if (!b || !b->logits || !b->work || !b->kvs || !b->tok || !b->pos || !b->run) {
+    if (!b || !b->logits || !b->work || !b->kvs || !b->tok || !b->pos || !b->top || !b->want || !b->run) {
         batch_free(b);
         kvz_api_model_unref(m);
         return kvz_error_set(KVZIP_ERR_NOMEM, "batch of %d answers: %zu MiB of logits", o.max_seqs,
@@ -192,12 +199,13 @@ static void retire(kvzip_batch *b, bseq *s, int rc)
     done(user, rc, &st);
 }
 
-/* Sample answer @p s's next token from @p logits and pass it on.
- * 1: running on (s->next is fed at the next step); 0: ended and retired. */
-static int advance(kvzip_batch *b, bseq *s, const float *logits)
+/* Sample answer @p s's next token from @p logits (NULL: a greedy answer whose argmax
+ * @p top the step computed; kvz_gen_seq_take applies kvz_gen_seq_sample's rules to it)
+ * and pass it on. 1: running on (s->next is fed at the next step); 0: ended and retired. */
+static int advance(kvzip_batch *b, bseq *s, const float *logits, int32_t top)
 {
-    int32_t id;
-    if (!kvz_gen_seq_sample(&s->g, logits, b->n_vocab, b->work, &id)) {
+    int32_t id = top;
+    if (logits ? !kvz_gen_seq_sample(&s->g, logits, b->n_vocab, b->work, &id) : !kvz_gen_seq_take(&s->g, top)) {
         retire(b, s, 0);
         return 0;
     }
@@ -257,7 +265,7 @@ int kvzip_batch_step(kvzip_batch *b)
                              KVZ_FWD_LOGITS_LAST, NULL);
         kvz_api_dev_unlock(m);
         if (rc) retire(b, s, rc);
-        else if (advance(b, s, lg)) b->run[b->n_run++] = s;
+        else if (advance(b, s, lg, 0)) b->run[b->n_run++] = s;
     }
     const double admit_s = kvz_now() - ta;
     /* (2) one decode step over every running answer */
@@ -265,17 +273,22 @@ int kvzip_batch_step(kvzip_batch *b)
     int rc = 0;
     double step_s = 0;
     char detail[512] = "";
+    /* b->work (the sampler's) is free during the step: the per-cache route's scratch row */
+    kvz_step_io io = {.want_logits = b->want, .top = b->top, .path = KVZ_STEP_PASSES, .scratch = b->work};
     if (n > 0) {
         for (int32_t i = 0; i < n; i++) {
             b->kvs[i] = b->run[i]->ss->kv;
             b->tok[i] = b->run[i]->next;
             b->pos[i] = b->run[i]->g.pos;
+            /* a greedy answer's next token is the argmax (computed with the step, on the
+             * device on CUDA): its logits row is not copied back */
+            b->want[i] = !kvz_gen_seq_greedy(&b->run[i]->g);
         }
-        const double t0 = kvz_now();
         kvz_api_dev_lock(m);
-        rc = kvz_forward_multi(m->m, b->kvs, b->tok, b->pos, n, b->logits);
-        kvz_api_dev_unlock(m);
+        const double t0 = kvz_now(); /* the step alone: not the wait for the device lock */
+        rc = kvz_forward_multi_top(m->m, b->kvs, b->tok, b->pos, n, b->logits, &io);
         step_s = kvz_now() - t0;
+        kvz_api_dev_unlock(m);
         if (rc) snprintf(detail, sizeof detail, "%s", kvz_error_detail());
         int32_t kept = 0;
         for (int32_t i = 0; i < n; i++) {
@@ -286,7 +299,8 @@ int kvzip_batch_step(kvzip_batch *b)
                 continue;
             }
             s->g.pos++;
-            if (advance(b, s, b->logits + (size_t)i * (size_t)b->n_vocab)) b->run[kept++] = s;
+            if (advance(b, s, b->want[i] ? b->logits + (size_t)i * (size_t)b->n_vocab : NULL, b->top[i]))
+                b->run[kept++] = s;
         }
         b->n_run = rc ? 0 : kept;
     }
@@ -296,7 +310,16 @@ int kvzip_batch_step(kvzip_batch *b)
     b->info.last_admit_s = admit_s;
     b->info.last_step_size = n;
     b->info.last_step_s = step_s;
-    if (n > 0) b->info.steps++;
+    if (n > 0) {
+        b->info.steps++;
+        if (!rc) {
+            b->info.steps_replayed += io.path == KVZ_STEP_REPLAY;
+            b->info.steps_captured += io.path == KVZ_STEP_CAPTURE;
+            b->info.steps_eager += io.path == KVZ_STEP_EAGER;
+            b->info.steps_passes += io.path == KVZ_STEP_PASSES;
+            for (int32_t i = 0; i < n; i++) b->info.rows_logits += b->want[i];
+        }
+    }
     b->info.tokens = b->gen_tokens;
     const int32_t live = b->n_live;
     pthread_mutex_unlock(&b->mu);

@@ -19,8 +19,9 @@
  * Usage: kvz_bench_gpu [--synthetic NAME] [--lens 2048,8192,32768] [--lf-max N] [--quick]
  *        kvz_bench_gpu --compose [--lens 2048,4096,6144,8192]: multi-document time to first
  *        token (run_compose)
- *        kvz_bench_gpu --multi 1,8,32 [--multi-ctx 8192]: continuous batching, the batched
- *        decode step over n compressed caches (run_multi)
+ *        kvz_bench_gpu --multi 1,8,32 [--multi-ctx 8192] [--multi-churn K]: continuous batching,
+ *        the batched decode step over n compressed caches, fixed membership and, with K, one
+ *        member replaced every K steps (run_multi)
  */
 #include <math.h>
 #include <stdio.h>
@@ -1141,26 +1142,45 @@ static void run_compose(kvz_model *m, const int32_t *lens, int nlens)
 }
 
 /* ---------------------------------------------------------------- continuous batching */
-/* kvz_bench_gpu --multi 1,8,32 [--multi-ctx T]: the batched decode step (kvz_forward_multi)
- * over n caches, each a KVzip-compressed document of T context tokens (r = 0.3, global:
- * the bench's ingest path, prefill + repeat/score passes + device top-k + compaction) with
- * a LongFlow output buffer of 256 slots. Four distinct documents are ingested; cache i
- * gets document i % 4's kept rows (kvz_kv_get_head → kvz_kv_set_layer: the lengths per
- * head are the real compressed ones). Each n: 5 warm steps, then the median of 30 steps
- * (wall time of kvz_forward_multi, logits of the n rows into pinned host memory).
+/* kvz_bench_gpu --multi 1,8,32 [--multi-ctx T] [--multi-churn K]: the batched decode step
+ * (kvz_forward_multi) over n caches, each a KVzip-compressed document of T context tokens
+ * (r = 0.3, global: the bench's ingest path, prefill + repeat/score passes + device top-k +
+ * compaction) with a LongFlow output buffer of 256 slots. Four distinct documents are
+ * ingested; cache i gets document i % 4's kept rows (kvz_kv_get_head → kvz_kv_set_layer: the
+ * lengths per head are the real compressed ones). Each n, fixed membership: 5 warm steps,
+ * then the median of 30 steps (wall time of kvz_forward_multi, all n logits rows into
+ * pinned host memory), then the same with the argmax ids alone coming back
+ * (kvz_forward_multi_top without logits rows: what kvzip-serve does for greedy answers).
  * Bound of a step: (linear + LM-head weight bytes + the n caches' K/V bytes: document
  * rows + buffer slots) ÷ the measured copy bandwidth. n = 1 is the single-cache decode
- * step (kvz_forward_multi with one cache runs kvz_forward, the CUDA-graph path). */
+ * step (kvz_forward_multi with one cache runs kvz_forward, the CUDA-graph path).
+ * Churn (K > 0): four more documents of T/3, T/2, 2T/3 and 5T/6 tokens fill MULTI_SPARE
+ * spare caches; per n, from the fixed members (buffers emptied), every K steps one member
+ * leaves (round robin; its buffer is emptied and it goes to the back of the spare queue)
+ * and the next spare joins at its place: kvzip-serve's pattern of answers ending and
+ * others joining, without the server. 5 warm steps, then 100 steps (ids only): median,
+ * mean and worst step, how each step ran (CUDA graph replayed / captured / eager / one
+ * pass per cache), beside the fixed-membership figure and the mean HBM bound of the
+ * steps' memberships. */
 #define MULTI_DOCS 4
 #define MULTI_B 256
 #define MULTI_SINKS 4
+#define MULTI_SPARE 8
+#define MULTI_CHURN_STEPS 100
 static void run_multi(kvz_model *m, const int32_t *pre, int32_t np, const int32_t *ns, int nns, int32_t T,
-                      const shape *s, double bw)
+                      const shape *s, double bw, int churn)
 {
     const kvz_config *c = kvz_model_config(m);
     const int32_t NL = c->n_layer, nkv = c->n_kv_head, hd = c->head_dim, V = c->n_vocab;
     int32_t nmax = 1;
     for (int i = 0; i < nns; i++) nmax = ns[i] > nmax ? ns[i] : nmax;
+    const int nd = churn > 0 ? 2 * MULTI_DOCS : MULTI_DOCS;
+    const int32_t npool = nmax + (churn > 0 ? MULTI_SPARE : 0);
+    int32_t Td[2 * MULTI_DOCS];
+    for (int d = 0; d < nd; d++) {
+        Td[d] = d < MULTI_DOCS ? T : (int32_t)((int64_t)T * (d - MULTI_DOCS + 2) / 6);
+        if (Td[d] < 16) Td[d] = 16;
+    }
     kvz_kvzip_params p;
     kvz_kvzip_defaults(&p);
     p.prefill_chunk = 8192;
@@ -1168,20 +1188,21 @@ static void run_multi(kvz_model *m, const int32_t *pre, int32_t np, const int32_
     if (cap < 0) DIE("cache rows: %s (%s)", kvz_strerror((int)cap), kvz_error_detail());
     const size_t nlh = (size_t)NL * nkv;
     /* kept rows of each document, host fp32, per (layer, head) */
-    uint32_t *cnt = malloc(sizeof(uint32_t) * nlh * MULTI_DOCS);
-    float **dk = calloc(MULTI_DOCS * (size_t)NL, sizeof(float *)), **dv = calloc(MULTI_DOCS * (size_t)NL, sizeof(float *));
-    int32_t **dp = calloc(MULTI_DOCS * (size_t)NL, sizeof(int32_t *));
+    uint32_t *cnt = malloc(sizeof(uint32_t) * nlh * nd);
+    float **dk = calloc((size_t)nd * NL, sizeof(float *)), **dv = calloc((size_t)nd * NL, sizeof(float *));
+    int32_t **dp = calloc((size_t)nd * NL, sizeof(int32_t *));
     int32_t *ctx = malloc(sizeof(int32_t) * (size_t)T);
     int64_t kept_rows = 0;
     double t_ing = kvz_now();
-    for (int d = 0; d < MULTI_DOCS; d++) {
-        for (int32_t i = 0; i < T; i++) ctx[i] = 32 + rnd(95);
+    for (int d = 0; d < nd; d++) {
+        const int32_t Tn = Td[d];
+        for (int32_t i = 0; i < Tn; i++) ctx[i] = 32 + rnd(95);
         kvz_kv *kv;
         API(kvz_kv_create(m, cap, 0, &kv));
-        int32_t *all = doc_tokens(pre, np, ctx, T);
-        prefill_passes(m, kv, all, np + T, p.prefill_chunk);
-        API(kvz_kvzip_score_chunks(m, kv, np, ctx, T, &p, NULL, NULL, NULL, 0, 0));
-        int64_t kept = kvz_cuda_kvzip_select(kv, np, T, p.ratio, p.mode, NULL, cnt + (size_t)d * nlh);
+        int32_t *all = doc_tokens(pre, np, ctx, Tn);
+        prefill_passes(m, kv, all, np + Tn, p.prefill_chunk);
+        API(kvz_kvzip_score_chunks(m, kv, np, ctx, Tn, &p, NULL, NULL, NULL, 0, 0));
+        int64_t kept = kvz_cuda_kvzip_select(kv, np, Tn, p.ratio, p.mode, NULL, cnt + (size_t)d * nlh);
         if (kept < 0) DIE("select: %s (%s)", kvz_strerror((int)kept), kvz_error_detail());
         for (int32_t l = 0; l < NL; l++) {
             size_t rows = 0;
@@ -1195,19 +1216,19 @@ static void run_multi(kvz_model *m, const int32_t *pre, int32_t np, const int32_
                 cnt[(size_t)d * nlh + (size_t)l * nkv + h] = (uint32_t)n;
                 off += (size_t)n;
             }
-            kept_rows += (int64_t)rows;
+            if (d < MULTI_DOCS) kept_rows += (int64_t)rows;
             dk[d * NL + l] = K; dv[d * NL + l] = Vv; dp[d * NL + l] = P;
         }
         free(all);
         kvz_kv_free(kv);
     }
     t_ing = kvz_now() - t_ing;
-    /* n caches with a LongFlow buffer, filled from the documents */
-    kvz_kv **kvs = calloc((size_t)nmax, sizeof *kvs);
-    int64_t *rows_of = calloc((size_t)nmax, sizeof *rows_of);
-    int32_t *tok = malloc(sizeof(int32_t) * nmax), *pos = malloc(sizeof(int32_t) * nmax);
-    for (int32_t i = 0; i < nmax; i++) {
-        const int d = i % MULTI_DOCS;
+    /* the pool: members 0..nmax-1 (document i % 4), then the spares (documents 4..7) */
+    kvz_kv **kvs = calloc((size_t)npool, sizeof *kvs);
+    int64_t *rows_of = calloc((size_t)npool, sizeof *rows_of);
+    int32_t *tok = malloc(sizeof(int32_t) * npool), *pos = malloc(sizeof(int32_t) * npool);
+    for (int32_t i = 0; i < npool; i++) {
+        const int d = i < nmax ? i % MULTI_DOCS : MULTI_DOCS + (i - nmax) % MULTI_DOCS;
         int64_t mx = 0;
         for (size_t j = 0; j < nlh; j++) mx = cnt[(size_t)d * nlh + j] > mx ? cnt[(size_t)d * nlh + j] : mx;
         API(kvz_kv_create(m, mx, MULTI_B, &kvs[i]));
@@ -1216,6 +1237,7 @@ static void run_multi(kvz_model *m, const int32_t *pre, int32_t np, const int32_
         for (int32_t l = 0; l < NL; l++)
             API(kvz_kv_set_layer(kvs[i], l, cnt + (size_t)d * nlh + (size_t)l * nkv, dp[d * NL + l], dk[d * NL + l],
                                  dv[d * NL + l]));
+        kvz_kv_checkpoint(kvs[i]); /* rollback: back to the document, buffer empty */
         for (size_t j = 0; j < nlh; j++) rows_of[i] += cnt[(size_t)d * nlh + j];
         tok[i] = 32 + rnd(95);
         pos[i] = np + T;
@@ -1223,45 +1245,126 @@ static void run_multi(kvz_model *m, const int32_t *pre, int32_t np, const int32_
     printf("\n### continuous batching (kvz_forward_multi), synthetic %s\n\n", c->name);
     printf("%d distinct documents of %d context tokens ingested (KVzip r = %.2f, global) in %.1f s: %.0f kept "
            "rows per (layer, head) on average; cache i holds document i %% %d; LongFlow buffer %d slots, "
-           "%d sinks\n\n", MULTI_DOCS, T, p.ratio, t_ing, (double)kept_rows / (MULTI_DOCS * (double)nlh),
+           "%d sinks\n\n", nd, T, p.ratio, t_ing, (double)kept_rows / (MULTI_DOCS * (double)nlh),
            MULTI_DOCS, MULTI_B, MULTI_SINKS);
     printf("| streams n | ms/step (median of 30) | aggregate tok/s | step ÷ n=1 step (bound <= 2) | tok/s ÷ n=1 "
-           "(bound >= 8 at n = 32) | HBM bound ms (weights + K/V ÷ %.2f TB/s) | %% of bound |\n"
-           "|---|---|---|---|---|---|---|\n", bw / 1e12);
+           "(bound >= 8 at n = 32) | HBM bound ms (weights + K/V ÷ %.2f TB/s) | %% of bound | ms/step, argmax ids "
+           "only (median of 30) | ids-only step ÷ n=1 | steps replayed/captured/eager/passes |\n"
+           "|---|---|---|---|---|---|---|---|---|---|\n", bw / 1e12);
     float *lg;
     CU(cudaMallocHost((void **)&lg, sizeof(float) * (size_t)nmax * V));
-    double base = 0;
+    int32_t *top = malloc(sizeof(int32_t) * npool);
+    uint8_t *nowant = calloc((size_t)npool, 1);
+    double base = 0, base_top = 0, *fixed_top = calloc((size_t)nns, sizeof(double));
     for (int k = 0; k < nns; k++) {
         const int32_t n = ns[k];
         if (n < 1 || n > nmax) continue;
-        double t[30];
-        for (int it = 0; it < 35; it++) {
+        double t[30], tt[30];
+        int64_t paths[4] = {0};
+        for (int it = 0; it < 35; it++) { /* every logits row to the host, argmax there */
             double t0 = kvz_now();
             API(kvz_forward_multi(m, kvs, tok, pos, n, lg));
             double dt = kvz_now() - t0;
             if (it >= 5) t[it - 5] = dt;
             for (int32_t i = 0; i < n; i++) {
-                const float *row = lg + (size_t)i * V;
-                int32_t b = 0;
-                for (int32_t j = 1; j < V; j++) if (row[j] > row[b]) b = j;
-                tok[i] = b;
+                tok[i] = kvz_argmax(lg + (size_t)i * V, V);
                 pos[i]++;
             }
         }
-        const double ms = median(t, 30) * 1e3;
+        for (int it = 0; it < 35; it++) { /* the argmax ids alone */
+            kvz_step_io io = {.want_logits = nowant, .top = top, .path = 0};
+            double t0 = kvz_now();
+            API(kvz_forward_multi_top(m, kvs, tok, pos, n, NULL, &io));
+            double dt = kvz_now() - t0;
+            if (it >= 5) {
+                tt[it - 5] = dt;
+                paths[io.path & 3]++;
+            }
+            for (int32_t i = 0; i < n; i++) {
+                tok[i] = top[i];
+                pos[i]++;
+            }
+        }
+        const double ms = median(t, 30) * 1e3, mst = median(tt, 30) * 1e3;
+        fixed_top[k] = mst;
         if (base == 0) base = ms;
+        if (base_top == 0) base_top = mst;
         double kvb = 0;
         for (int32_t i = 0; i < n; i++) kvb += ((double)rows_of[i] + (double)nlh * MULTI_B) * hd * 2.0 * 2.0;
         const double bound = (2.0 * (s->params_linear + s->lm_head) + kvb) / bw * 1e3;
-        printf("| %d | %.3f | %.0f | %.2f | %.2f | %.3f | %.0f%% |\n", n, ms, n / ms * 1e3, ms / base,
-               (n / ms) / (1.0 / base), bound, 100.0 * bound / ms);
+        printf("| %d | %.3f | %.0f | %.2f | %.2f | %.3f | %.0f%% | %.3f | %.2f | %lld/%lld/%lld/%lld |\n", n, ms,
+               n / ms * 1e3, ms / base, (n / ms) / (1.0 / base), bound, 100.0 * bound / ms, mst, mst / base_top,
+               (long long)paths[KVZ_STEP_REPLAY], (long long)paths[KVZ_STEP_CAPTURE], (long long)paths[KVZ_STEP_EAGER],
+               (long long)paths[KVZ_STEP_PASSES]);
         fflush(stdout);
     }
     printf("\n(ratios are against the first n of the list%s)\n", ns[0] == 1 ? ", n = 1" : "");
+    if (churn > 0) {
+        printf("\nchurn: every %d steps one member leaves and a spare with a %d/%d/%d/%d-token document joins "
+               "(%d steps after 5 warm, argmax ids only)\n\n", churn, Td[4], Td[5], Td[6], Td[7], MULTI_CHURN_STEPS);
+        printf("| streams n | churn: ms/step median | mean | worst | fixed membership, ids only (median) | churn mean ÷ "
+               "fixed | mean HBM bound ms | steps replayed/captured/eager/passes | members changed |\n"
+               "|---|---|---|---|---|---|---|---|---|\n");
+        int32_t *mem = malloc(sizeof(int32_t) * npool), *spare = malloc(sizeof(int32_t) * npool);
+        kvz_kv **sel = malloc(sizeof(kvz_kv *) * npool);
+        int32_t *stok = malloc(sizeof(int32_t) * npool), *spos = malloc(sizeof(int32_t) * npool);
+        double tc[MULTI_CHURN_STEPS];
+        for (int k = 0; k < nns; k++) {
+            const int32_t n = ns[k];
+            if (n < 1 || n > nmax) continue;
+            for (int32_t i = 0; i < npool; i++) kvz_kv_rollback(kvs[i]);
+            for (int32_t i = 0; i < n; i++) mem[i] = i;
+            int32_t nsp = 0;
+            for (int32_t i = nmax; i < npool; i++) spare[nsp++] = i;
+            for (int32_t i = 0; i < n; i++) { stok[i] = 32 + rnd(95); spos[i] = np + T; }
+            int64_t paths[4] = {0}, events = 0;
+            double bsum = 0, sum = 0, worst = 0;
+            for (int it = 0; it < 5 + MULTI_CHURN_STEPS; it++) {
+                if (it > 0 && it % churn == 0) { /* member r leaves, the first spare joins */
+                    const int32_t r = (int32_t)(events % n), out = mem[r];
+                    kvz_kv_rollback(kvs[out]);
+                    mem[r] = spare[0];
+                    memmove(spare, spare + 1, sizeof(int32_t) * (size_t)(nsp - 1));
+                    spare[nsp - 1] = out;
+                    stok[r] = 32 + rnd(95);
+                    spos[r] = np + T;
+                    events++;
+                }
+                double kvb = 0;
+                for (int32_t i = 0; i < n; i++) {
+                    sel[i] = kvs[mem[i]];
+                    kvb += ((double)rows_of[mem[i]] + (double)nlh * MULTI_B) * hd * 2.0 * 2.0;
+                }
+                kvz_step_io io = {.want_logits = nowant, .top = top, .path = 0};
+                double t0 = kvz_now();
+                API(kvz_forward_multi_top(m, sel, stok, spos, n, NULL, &io));
+                double dt = kvz_now() - t0;
+                if (it >= 5) {
+                    tc[it - 5] = dt;
+                    sum += dt;
+                    worst = dt > worst ? dt : worst;
+                    paths[io.path & 3]++;
+                    bsum += (2.0 * (s->params_linear + s->lm_head) + kvb) / bw * 1e3;
+                }
+                for (int32_t i = 0; i < n; i++) {
+                    stok[i] = top[i];
+                    spos[i]++;
+                }
+            }
+            const double mean = sum / MULTI_CHURN_STEPS * 1e3;
+            printf("| %d | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %lld/%lld/%lld/%lld | %lld |\n", n,
+                   median(tc, MULTI_CHURN_STEPS) * 1e3, mean, worst * 1e3, fixed_top[k], mean / fixed_top[k],
+                   bsum / MULTI_CHURN_STEPS, (long long)paths[KVZ_STEP_REPLAY], (long long)paths[KVZ_STEP_CAPTURE],
+                   (long long)paths[KVZ_STEP_EAGER], (long long)paths[KVZ_STEP_PASSES], (long long)events);
+            fflush(stdout);
+        }
+        free(mem); free(spare); free(sel); free(stok); free(spos);
+    }
     CU(cudaFreeHost(lg));
-    for (int32_t i = 0; i < nmax; i++) kvz_kv_free(kvs[i]);
-    for (int i = 0; i < MULTI_DOCS * NL; i++) { free(dk[i]); free(dv[i]); free(dp[i]); }
+    for (int32_t i = 0; i < npool; i++) kvz_kv_free(kvs[i]);
+    for (int i = 0; i < nd * NL; i++) { free(dk[i]); free(dv[i]); free(dp[i]); }
     free(kvs); free(rows_of); free(tok); free(pos); free(dk); free(dv); free(dp); free(cnt); free(ctx);
+    free(top); free(nowant); free(fixed_top);
 }
 
 int main(int argc, char **argv)
@@ -1271,7 +1374,7 @@ int main(int argc, char **argv)
     int nlens = 3, quick = 0, decode_only = 0, store_only = 0, compose = 0, lens_given = 0;
     const char *dtypes = "f16,q8", *corpus = NULL;
     int32_t lf_max = 16384;
-    int32_t multi[8], n_multi = 0, multi_ctx = 8192;
+    int32_t multi[8], n_multi = 0, multi_ctx = 8192, multi_churn = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--synthetic") && i + 1 < argc) name = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -1282,6 +1385,13 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--corpus") && i + 1 < argc) corpus = argv[++i];
         else if (!strcmp(argv[i], "--lf-max") && i + 1 < argc) lf_max = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--multi-ctx") && i + 1 < argc) multi_ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--multi-churn") && i + 1 < argc) {
+            multi_churn = atoi(argv[++i]);
+            if (multi_churn < 1 || multi_churn > 1000) {
+                fprintf(stderr, "kvz_bench_gpu: --multi-churn: steps between membership changes, 1..1000\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--multi") && i + 1 < argc) {
             n_multi = 0;
             for (char *p = argv[++i]; *p && n_multi < 8;) {
@@ -1304,7 +1414,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: kvz_bench_gpu [--synthetic NAME] [--lens A,B,..] [--lf-max N] [--quick] [--decode-only]\n"
                             "                     [--store-only [--dtypes f16,q8]] [--corpus DIR]\n"
                             "                     [--compose [--lens 2048,4096,6144,8192]]\n"
-                            "                     [--multi 1,8,32 [--multi-ctx 8192]]\n");
+                            "                     [--multi 1,8,32 [--multi-ctx 8192] [--multi-churn K]]\n");
             return 2;
         }
     }
@@ -1337,7 +1447,7 @@ int main(int argc, char **argv)
         ingest_times w; /* warm-up ingest */
         run_ingest(m, pre.ids, (int32_t)pre.n, mt, 2048, &s, &w, 0);
         free(mt);
-        run_multi(m, pre.ids, (int32_t)pre.n, multi, n_multi, multi_ctx, &s, bw);
+        run_multi(m, pre.ids, (int32_t)pre.n, multi, n_multi, multi_ctx, &s, bw, multi_churn);
         kvz_tokens_free(&pre);
         free(toks);
         kvz_model_free(m);

@@ -525,11 +525,21 @@ typedef struct kvzip_batch_info {
     int32_t running;          /**< answers admitted and decoding */
     int32_t waiting;          /**< submitted, not admitted yet */
     int32_t last_step_size;   /**< answers in the last decode step (0: it had none) */
-    double last_step_s;       /**< seconds of the last decode step's forward pass */
+    double last_step_s;       /**< seconds of the last decode step's forward pass (from holding
+                                   the device lock to the results on the host) */
     double last_admit_s;      /**< seconds of the last step's question prefills */
     int32_t last_admitted;    /**< questions admitted in the last step */
     uint64_t steps;           /**< decode steps run */
     uint64_t tokens;          /**< tokens generated, over all answers */
+    /* how the decode steps ran (they add up to the steps that did not fail): */
+    uint64_t steps_replayed;  /**< batched pass replayed from a kept CUDA graph */
+    uint64_t steps_captured;  /**< batched pass captured into a new CUDA graph (then launched) */
+    uint64_t steps_eager;     /**< batched pass launched kernel by kernel (a shape's first step,
+                                   or graphs off) */
+    uint64_t steps_passes;    /**< one single-answer pass per answer (CPU; one answer; caches
+                                   the batched pass does not take) */
+    uint64_t rows_logits;     /**< answer-steps whose logits row came back to the host (sampling
+                                   answers); a greedy answer gets its argmax id alone */
 } kvzip_batch_info;
 
 /** @return 0; KVZIP_ERR_ARG (NULL). Thread-safe. */

@@ -243,7 +243,9 @@ int kvz_cuda_bf16_to_f32(cudaStream_t s, const void *src, float *dst, size_t n);
 int kvz_cuda_f32_to_bf16(cudaStream_t s, const float *src, void *dst, size_t n);
 
 /** Greedy sampling: out[r] = argmax_j logits[r·ld + j], j < n_vocab; ties → lowest j;
- *  NaN never wins. @param logits (n_rows, ld) fp32; @param out (n_rows) int32 device. */
+ *  NaN never wins (a NaN at j = 0, or all NaN: 0), exactly the host scan of kvz_argmax.
+ *  One block per row (graph-capturable). @param logits (n_rows, ld) fp32; @param out
+ *  (n_rows) int32 device. */
 int kvz_cuda_argmax(cudaStream_t s, const float *logits, int n_rows, int n_vocab,
                     int ld, int32_t *out);
 

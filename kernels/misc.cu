@@ -182,7 +182,8 @@ __global__ void argmax_kernel(const float *__restrict__ logits, int n, int ld, i
             int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
             amax_merge(bv, bi, v2, i2);
         }
-        if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+        /* the host scan's rule (kvz_argmax): a NaN first element stays the pick */
+        if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff || row[0] != row[0] ? 0 : bi;
     }
 }
 

@@ -72,11 +72,11 @@ typedef struct kvz_backend {
     int (*forward)(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
                    float *logits, int flags, const kvz_layer_hook *hook);
 
-    /** Continuous batching (kvz_forward_multi after its checks): one decode token for
-     *  each of @p n different caches of this model (own documents, lengths and output
-     *  buffers) in one pass. NULL: kvz_forward_multi runs kvz_forward per cache. */
+    /** Continuous batching (kvz_forward_multi_top after its checks; @p io may be NULL):
+     *  one decode token for each of @p n different caches of this model (own documents,
+     *  lengths and output buffers) in one pass. NULL: one kvz_forward per cache. */
     int (*forward_multi)(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, const int32_t *pos,
-                         int32_t n, float *logits);
+                         int32_t n, float *logits, kvz_step_io *io);
 
     /* ---- KVzip on the device (NULL on the CPU backend) --------------------- */
     /** Repeat passes of @p n_ch chunks in one batch (DESIGN §3 steps 2-3): @p tokens holds

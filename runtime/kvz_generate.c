@@ -148,9 +148,7 @@ static int cmp_desc(const void *a, const void *b)
 
 int32_t kvz_sample(kvz_sampler *s, const float *logits, int32_t n, float *work)
 {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
+    const int32_t best = kvz_argmax(logits, n);
     if (s->temperature <= 0.0f || !work) return best;
     const float mx = logits[best];
     double sum = 0.0;
@@ -194,7 +192,18 @@ int kvz_gen_seq_sample(kvz_gen_seq *s, const float *logits, int32_t n_vocab, flo
 {
     if (s->stopped || s->n_gen >= s->max_tokens) return 0;
     *id = kvz_sample(&s->sampler, logits, n_vocab, work);
-    if (s->tok && kvz_chat_is_stop(s->tok, *id)) {
+    return kvz_gen_seq_take(s, *id);
+}
+
+int kvz_gen_seq_greedy(const kvz_gen_seq *s)
+{
+    return s->sampler.temperature <= 0.0f;
+}
+
+int kvz_gen_seq_take(kvz_gen_seq *s, int32_t id)
+{
+    if (s->stopped || s->n_gen >= s->max_tokens) return 0;
+    if (s->tok && kvz_chat_is_stop(s->tok, id)) {
         s->stopped = 1;
         return 0;
     }

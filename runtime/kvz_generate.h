@@ -138,6 +138,15 @@ void kvz_gen_seq_init(kvz_gen_seq *s, const kvz_gen_opts *opts, const kvz_tokeni
  */
 int kvz_gen_seq_sample(kvz_gen_seq *s, const float *logits, int32_t n_vocab, float *work, int32_t *id);
 
+/** 1 when the sequence's next token is the argmax of its logits and nothing else of
+ *  them is used (greedy sampler: temperature <= 0), so kvz_gen_seq_take(kvz_argmax(logits))
+ *  is kvz_gen_seq_sample. */
+int kvz_gen_seq_greedy(const kvz_gen_seq *s);
+
+/** kvz_gen_seq_sample with the token already chosen (@p id: for a greedy sequence, the
+ *  argmax of its logits, e.g. from kvz_forward_multi_top): the same stop and count rules. */
+int kvz_gen_seq_take(kvz_gen_seq *s, int32_t id);
+
 /** 1 when the token just emitted must be fed back (at s->pos, then pos++) for another
  *  step; 0 when max_tokens are generated. */
 int kvz_gen_seq_more(const kvz_gen_seq *s);

@@ -570,10 +570,28 @@ int kvz_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int3
     return m->be->forward(m, kv, tokens, n, pos0, logits, flags, hook);
 }
 
+int32_t kvz_argmax(const float *x, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
 int kvz_forward_multi(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, const int32_t *pos,
                       int32_t n, float *logits)
 {
-    if (n < 1 || !kv || !tokens || !pos || !logits) return kvz_error_set(KVZ_ERR_ARG, "forward_multi: n=%d", n);
+    if (!logits) return kvz_error_set(KVZ_ERR_ARG, "forward_multi: logits is NULL");
+    return kvz_forward_multi_top(m, kv, tokens, pos, n, logits, NULL);
+}
+
+int kvz_forward_multi_top(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, const int32_t *pos,
+                          int32_t n, float *logits, kvz_step_io *io)
+{
+    if (n < 1 || !kv || !tokens || !pos) return kvz_error_set(KVZ_ERR_ARG, "forward_multi: n=%d", n);
+    int need = !io || !io->want_logits;
+    for (int32_t i = 0; i < n && !need; i++) need = io->want_logits[i] != 0;
+    if (need && !logits) return kvz_error_set(KVZ_ERR_ARG, "forward_multi: logits is NULL");
     for (int32_t i = 0; i < n; i++) {
         if (!kv[i]) return kvz_error_set(KVZ_ERR_ARG, "forward_multi: cache %d is NULL", i);
         if (tokens[i] < 0 || tokens[i] >= m->cfg.n_vocab)
@@ -582,11 +600,37 @@ int kvz_forward_multi(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, co
         for (int32_t j = 0; j < i; j++)
             if (kv[j] == kv[i]) return kvz_error_set(KVZ_ERR_ARG, "forward_multi: cache %d repeats cache %d", i, j);
     }
-    if (m->be->forward_multi) return m->be->forward_multi(m, kv, tokens, pos, n, logits);
-    for (int32_t i = 0; i < n; i++) {
-        int rc = m->be->forward(m, kv[i], tokens + i, 1, pos[i], logits + (size_t)i * m->cfg.n_vocab,
-                                KVZ_FWD_LOGITS_LAST, NULL);
-        if (rc) return rc;
+    if (io) io->path = KVZ_STEP_PASSES;
+    if (m->be->forward_multi) return m->be->forward_multi(m, kv, tokens, pos, n, logits, io);
+    return kvz_forward_each(m, kv, tokens, pos, n, logits, io);
+}
+
+int kvz_forward_each(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, const int32_t *pos, int32_t n,
+                     float *logits, kvz_step_io *io)
+{
+    /* one pass per cache; a row whose logits are not wanted goes through a scratch row */
+    if (io) io->path = KVZ_STEP_PASSES;
+    const size_t V = (size_t)m->cfg.n_vocab;
+    float *scratch = NULL;
+    int rc = 0;
+    for (int32_t i = 0; i < n && !rc; i++) {
+        float *row = logits ? logits + (size_t)i * V : NULL;
+        if (io && io->want_logits && !io->want_logits[i]) row = NULL;
+        if (!row && (!io || !io->top)) { /* neither logits nor the id: the pass still runs (cache update) */
+            rc = m->be->forward(m, kv[i], tokens + i, 1, pos[i], NULL, KVZ_FWD_NO_LOGITS, NULL);
+            continue;
+        }
+        if (!row && io->scratch) row = io->scratch;
+        if (!row) {
+            if (!scratch && !(scratch = malloc(V * sizeof *scratch))) {
+                rc = kvz_error_set(KVZ_ERR_NOMEM, "forward_multi: a logits row");
+                break;
+            }
+            row = scratch;
+        }
+        rc = m->be->forward(m, kv[i], tokens + i, 1, pos[i], row, KVZ_FWD_LOGITS_LAST, NULL);
+        if (!rc && io && io->top) io->top[i] = kvz_argmax(row, (int32_t)V);
     }
-    return 0;
+    free(scratch);
+    return rc;
 }

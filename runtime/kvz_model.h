@@ -290,6 +290,48 @@ int kvz_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int3
 int kvz_forward_multi(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, const int32_t *pos,
                       int32_t n, float *logits);
 
+/** How a kvz_forward_multi_top step ran (kvz_step_io.path). */
+enum {
+    KVZ_STEP_PASSES = 0, /**< one single-cache pass per cache (CPU, n = 1, unbatchable caches) */
+    KVZ_STEP_EAGER = 1,  /**< the batched pass, launched kernel by kernel */
+    KVZ_STEP_CAPTURE = 2, /**< the batched pass, captured into a CUDA graph and launched */
+    KVZ_STEP_REPLAY = 3, /**< the batched pass, replayed from a CUDA graph kept from earlier steps */
+};
+
+/** What a kvz_forward_multi_top caller wants back besides the cache updates. */
+typedef struct kvz_step_io {
+    const uint8_t *want_logits; /**< (n): 1 = row i's logits into logits row i; 0 = that row is
+                                     not written. NULL: every row. */
+    int32_t *top;               /**< (n) or NULL: row i's argmax id (kvz_argmax: the lowest id
+                                     of the largest logit), for every row */
+    int32_t path;               /**< out: KVZ_STEP_* */
+    float *scratch;             /**< NULL, or n_vocab floats the per-cache route (CPU, n = 1)
+                                     may compute an unwanted row's logits into, for its id
+                                     (NULL: a row is allocated per call) */
+} kvz_step_io;
+
+/**
+ * kvz_forward_multi with a choice of what comes back: the rows of @p logits named by
+ * io->want_logits (@p logits may be NULL when no row is wanted) and the argmax id of
+ * every row in io->top (computed on the device on CUDA: only n ids cross the bus for
+ * the rows whose logits are not wanted). @p io NULL: kvz_forward_multi. The cache
+ * updates and the logits written are exactly kvz_forward_multi's.
+ * @return as kvz_forward_multi.
+ */
+int kvz_forward_multi_top(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, const int32_t *pos,
+                          int32_t n, float *logits, kvz_step_io *io);
+
+/** kvz_forward_multi_top after its checks as n single-cache passes (m's backend's
+ *  forward, one token each): the CPU route, and the CUDA one for caches the batched
+ *  pass does not take. */
+int kvz_forward_each(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, const int32_t *pos, int32_t n,
+                     float *logits, kvz_step_io *io);
+
+/** The lowest index of the largest of @p x[0..n) by the scan `x[i] > x[best]` from
+ *  best = 0 (NaNs never win; x[0] = NaN gives 0): greedy decoding's rule, shared by
+ *  kvz_sample and the multi step's top ids. */
+int32_t kvz_argmax(const float *x, int32_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -108,6 +108,7 @@ typedef struct {
     histo ttft, tok;
     histo bsize, bstep;        /* --max-batch > 1: decode step sizes and their forward time */
     uint64_t bsteps;
+    uint64_t bpath[4], brows_logits; /* steps replayed / captured / eager / per-answer passes; logits rows back */
     int32_t brunning, bwaiting;
 } metrics;
 
@@ -593,6 +594,11 @@ static void *sched_main(void *arg)
             histo_add(&sv->mt.bstep, STEP_B, NSTEP, bi.last_step_s);
         }
         sv->mt.bsteps = bi.steps;
+        sv->mt.bpath[0] = bi.steps_replayed;
+        sv->mt.bpath[1] = bi.steps_captured;
+        sv->mt.bpath[2] = bi.steps_eager;
+        sv->mt.bpath[3] = bi.steps_passes;
+        sv->mt.brows_logits = bi.rows_logits;
         sv->mt.brunning = bi.running;
         sv->mt.bwaiting = bi.waiting;
         pthread_mutex_unlock(&sv->mt.mu);
@@ -1034,6 +1040,16 @@ static enum MHD_Result metrics_page(server *sv, struct MHD_Connection *c)
         P("# HELP kvzip_batch_waiting Answers submitted to the batch, not admitted yet.\n"
           "# TYPE kvzip_batch_waiting gauge\nkvzip_batch_waiting %d\n", m.bwaiting);
         P("# TYPE kvzip_batch_steps_total counter\nkvzip_batch_steps_total %llu\n", (unsigned long long)m.bsteps);
+        P("# HELP kvzip_batch_step_path_total Decode steps by how they ran: replayed from a kept CUDA graph, "
+          "captured into a new one, launched eagerly, or one pass per answer (CPU, one answer).\n");
+        P("# TYPE kvzip_batch_step_path_total counter\n");
+        static const char *paths[4] = {"replay", "capture", "eager", "passes"};
+        for (int k = 0; k < 4; k++)
+            P("kvzip_batch_step_path_total{path=\"%s\"} %llu\n", paths[k], (unsigned long long)m.bpath[k]);
+        P("# HELP kvzip_batch_logits_rows_total Answer-steps whose logits row came to the host (sampling); "
+          "greedy answers get the argmax id alone.\n");
+        P("# TYPE kvzip_batch_logits_rows_total counter\nkvzip_batch_logits_rows_total %llu\n",
+          (unsigned long long)m.brows_logits);
     }
     const struct { const char *name; const histo *h; const double *b; size_t nb; } hs[] = {
         {"kvzip_ttft_seconds", &m.ttft, TTFT_B, NTTFT}, {"kvzip_token_latency_seconds", &m.tok, TOK_B, NTOK},

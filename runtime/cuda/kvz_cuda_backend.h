@@ -47,11 +47,12 @@ void kvz_cuda_kv_free(kvz_kv *kv);
 int kvz_cuda_forward(kvz_model *m, kvz_kv *kv, const int32_t *tokens, int32_t n, int32_t pos0,
                      float *logits, int flags, const kvz_layer_hook *hook);
 /* Continuous batching (the table's forward_multi): n >= 2 LongFlow output-buffer caches
- * (out_slots > n_sink + 1; head_dim 64/128) take one batched pass (kvz_cuda_multi.cu);
- * anything else runs kvz_cuda_forward per cache. Errors as kvz_forward_multi, plus
- * KVZ_ERR_ARG for a cache of another model. */
+ * (out_slots > n_sink + 1; head_dim 64/128) take one batched pass (kvz_cuda_multi.cu),
+ * with the argmax ids on the device and only the wanted logits rows copied back (@p io,
+ * kvz_forward_multi_top); anything else runs kvz_cuda_forward per cache. Errors as
+ * kvz_forward_multi, plus KVZ_ERR_ARG for a cache of another model. */
 int kvz_cuda_forward_multi(kvz_model *m, kvz_kv *const *kv, const int32_t *tokens, const int32_t *pos,
-                           int32_t n, float *logits);
+                           int32_t n, float *logits, kvz_step_io *io);
 int kvz_cuda_kv_sync(kvz_kv *kv, int reset_out);
 int kvz_cuda_kv_set_layer(kvz_kv *kv, int32_t layer, const uint32_t *counts, const int32_t *pos,
                           const float *k, const float *v);
@@ -89,7 +90,8 @@ int kvz_cuda_kv_out_rows(const kvz_kv *kv, int32_t layer, uint16_t *k, uint16_t 
 uint64_t kvz_cuda_mem_peak(void);
 /** Batch-1 decode steps replayed from a CUDA graph so far (KVZ_CUDA_GRAPH=0: graphs off). */
 uint64_t kvz_cuda_graph_launches(void);
-/** Batched steps (forward_multi, n >= 2) replayed from a CUDA graph so far. */
+/** Batched steps (forward_multi, n >= 2) launched from a CUDA graph so far (captures +
+ *  replays; kvz_step_io.path tells them apart per step). */
 uint64_t kvz_cuda_multi_graph_launches(void);
 
 #ifdef __cplusplus

@@ -97,15 +97,19 @@ struct kvz_cuda_model {
     int32_t mb_seq_n;   /* sequences the descriptor arrays hold per layer */
     void *mb_ws;
     size_t mb_ws_bytes;
-    float *mb_logits;   /* (mb_logits_n, n_vocab) */
+    float *mb_logits;   /* (mb_logits_n, n_vocab), then (mb_logits_n) int32 argmax ids */
     int32_t mb_logits_n;
-    /* the batched step as a CUDA graph (captured on the second step of one shape, replayed
-     * while the shape stays: n, the split geometry's inputs, the buffers) */
-    cudaGraphExec_t mb_gexec;
-    struct mb_graph_key { const void *act, *seq, *ws, *logits; int32_t n, max_slot; int64_t max_len; } mb_gkey;
-    long long *mb_gsum; /* (n_layer) sum_len of the captured step */
-    int mb_gseen, mb_gdisabled;
+    /* the batched step as CUDA graphs, one per coarse shape (kvz_cuda_multi.cu: n, the
+     * largest buffer, the longest head's bucket, the per-layer row sums within ±25%),
+     * kept LRU; emptied when a buffer above is reallocated */
+    struct mb_graph *mb_g; /* (KVZ_MB_GRAPHS) */
+    int32_t mb_ng;
+    uint64_t mb_clock;
+    int mb_gdisabled;
 };
+#define KVZ_MB_GRAPHS 64
+/* kvz_cuda_multi.cu: the batched step's graphs and buffers' bookkeeping (model free) */
+void kvz_cuda_multi_free(kvz_cuda_model *g);
 
 /* free the loader's device-verification buffers (kvz_cuda_load.cu; model free) */
 void kvz_cuda_load_verify_free(kvz_cuda_model *g);

@@ -196,8 +196,7 @@ extern "C" void kvz_cuda_model_free(kvz_model *m)
     if (g->mb_seq_h) cudaFreeHost(g->mb_seq_h);
     dfree(g->mb_ws);
     dfree(g->mb_logits);
-    if (g->mb_gexec) cudaGraphExecDestroy(g->mb_gexec);
-    free(g->mb_gsum);
+    kvz_cuda_multi_free(g);
     for (int i = 0; i < g->ld_n; i++) {
         cudaFreeHost(g->ld_h[i]);
         dfree(g->ld_d[i]);

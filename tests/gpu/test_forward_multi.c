@@ -10,8 +10,17 @@
  * LongFlow output buffer of 8..16 slots (differing per cache) with 2 sinks, so the
  * buffers fill and then evict inside the run. STEPS steps; each step a random subset of
  * the caches (1..NC of them, random order: sequences join and leave) takes one token at
- * its own next position; the last GRAPH_STEPS steps take every cache in one fixed batch,
- * so the batched step's CUDA graph is captured and replayed (counted). Asserted:
+ * its own next position; then CHURN_STEPS steps of NC - 1 caches where the member left
+ * out alternates between caches 1 and 2 (membership changes every step, the coarse
+ * shape does not: the longest head's bucket and the largest buffer stay, the row sums
+ * move by a few %), so the graph kept for that shape must be replayed across membership
+ * changes (counted by kvz_step_io.path: >= CHURN_STEPS - 2 replays); the last
+ * GRAPH_STEPS steps take every cache in one fixed batch (replayed too). Every step goes
+ * through kvz_forward_multi_top with argmax ids; every third step asks for the logits of
+ * the even rows only. Asserted:
+ *   - the device argmax ids equal the host argmax (kvz_argmax) of the returned logits of
+ *     the same step, every wanted row; a row not wanted keeps the bytes it had (nothing
+ *     written) and its id is checked against the single path's argmax like a row's;
  *   - logits: ‖batched − single‖ / ‖single‖ <= TOL for every row of every step. Both are
  *     bf16 GEMMs with fp32 accumulation, but the single path's batch-1 GEMVs sum in
  *     another order than cuBLAS's n-row GEMM and the attention runs with another split
@@ -49,6 +58,7 @@
 #define NC 6
 #define STEPS 28
 #define GRAPH_STEPS 6 /* last steps with every cache in one fixed batch */
+#define CHURN_STEPS 8 /* before them: NC - 1 caches, cache 1 or 2 left out in turn */
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 static int32_t rnd(int32_t n)
@@ -223,31 +233,64 @@ static void test_model(const char *name, int32_t len0, kvz_model *other)
     const uint64_t g0 = kvz_cuda_multi_graph_launches();
     double emax = 0;
     int64_t rows = 0, ties = 0, am_bad = 0, set_eq = 0, set_n = 0, batched_steps = 0, mirror_bad = 0;
+    int64_t top_bad = 0, top_n = 0, skipped_rows = 0, written_bad = 0, churn_replays = 0, paths[4] = {0};
     int32_t *pa = malloc(sizeof(int32_t) * 16), *pb = malloc(sizeof(int32_t) * 16);
-    for (int st = 0; st < STEPS; st++) {
+    const int total = STEPS + CHURN_STEPS;
+    for (int st = 0; st < total; st++) {
         /* a random subset in random order: n = 1 sometimes (the single path), else 2..NC */
         int32_t idx[NC], n = st % 7 == 3 ? 1 : 2 + rnd(NC - 1);
-        const int same = st >= STEPS - GRAPH_STEPS; /* the last steps: one batch, so its CUDA graph replays */
+        const int same = st >= total - GRAPH_STEPS; /* the last steps: one batch, so its CUDA graph replays */
+        const int churn = !same && st >= total - GRAPH_STEPS - CHURN_STEPS;
         if (same) n = NC;
         for (int i = 0; i < NC; i++) idx[i] = i;
-        for (int i = NC - 1; i > 0 && !same; i--) {
+        for (int i = NC - 1; i > 0 && !same && !churn; i--) {
             int j = rnd(i + 1), t = idx[i];
             idx[i] = idx[j];
             idx[j] = t;
         }
+        if (churn) { /* every cache but 1 or 2, in turn */
+            const int out = 1 + st % 2;
+            n = 0;
+            for (int i = 0; i < NC; i++)
+                if (i != out) idx[n++] = i;
+        }
         kvz_kv *sel[NC];
-        int32_t tk[NC], ps[NC];
-        for (int j = 0; j < n; j++) { sel[j] = A[idx[j]]; tk[j] = tok[idx[j]]; ps[j] = P[idx[j]]; }
-        OK(kvz_forward_multi(m, sel, tk, ps, n, lm));
+        int32_t tk[NC], ps[NC], top[NC];
+        uint8_t want[NC];
+        const int part = n >= 2 && st % 3 == 1; /* logits of the even rows only */
+        for (int j = 0; j < n; j++) {
+            sel[j] = A[idx[j]]; tk[j] = tok[idx[j]]; ps[j] = P[idx[j]];
+            want[j] = !part || j % 2 == 0;
+            if (!want[j]) memset(lm + (size_t)j * Vn, 0xA5, sizeof(float) * Vn); /* must stay */
+            top[j] = -1;
+        }
+        kvz_step_io io = {.want_logits = part ? want : NULL, .top = top, .path = -1};
+        OK(kvz_forward_multi_top(m, sel, tk, ps, n, lm, &io));
+        CHECK(io.path >= KVZ_STEP_PASSES && io.path <= KVZ_STEP_REPLAY);
+        if (io.path >= 0 && io.path < 4) paths[io.path]++;
+        churn_replays += churn && io.path == KVZ_STEP_REPLAY;
         batched_steps += n >= 2;
         for (int j = 0; j < n; j++) {
             const int i = idx[j];
             OK(kvz_forward(m, T[i], &tk[j], 1, ps[j], ls, KVZ_FWD_LOGITS_LAST, NULL));
             const float *row = lm + (size_t)j * Vn;
-            double e = rel_err(row, ls, (size_t)Vn);
-            emax = e > emax ? e : emax;
+            int32_t got;
+            if (want[j]) {
+                double e = rel_err(row, ls, (size_t)Vn);
+                emax = e > emax ? e : emax;
+                top_bad += top[j] != kvz_argmax(row, Vn); /* the device's rule = the host's, same logits */
+                top_n++;
+                got = argmax(row, Vn);
+            } else {
+                const uint8_t *u = (const uint8_t *)row;
+                int bad = 0;
+                for (size_t b = 0; b < sizeof(float) * (size_t)Vn; b++) bad |= u[b] != 0xA5;
+                written_bad += bad;
+                skipped_rows++;
+                got = top[j];
+            }
             rows++;
-            if (argmax(row, Vn) != argmax(ls, Vn)) {
+            if (got != argmax(ls, Vn)) {
                 if (gap_std(ls, Vn) < TIE) ties++;
                 else am_bad++;
             }
@@ -272,11 +315,26 @@ static void test_model(const char *name, int32_t len0, kvz_model *other)
             tok[i] = argmax(ls, Vn); /* both follow the single path's tokens */
         }
     }
-    const uint64_t replays = kvz_cuda_multi_graph_launches() - g0;
-    printf("  batched steps replayed from a CUDA graph: %llu\n", (unsigned long long)replays);
+    const uint64_t launches = kvz_cuda_multi_graph_launches() - g0;
+    printf("  steps: %lld passes, %lld eager, %lld captured, %lld replayed (%llu graph launches); %lld of %d "
+           "churn steps (membership changing every step) replayed\n", (long long)paths[0], (long long)paths[1],
+           (long long)paths[2], (long long)paths[3], (unsigned long long)launches, (long long)churn_replays,
+           CHURN_STEPS);
+    printf("  device argmax: %lld/%lld rows differ from the host argmax of the same logits; %lld rows without "
+           "logits, %lld of them written\n", (long long)top_bad, (long long)top_n, (long long)skipped_rows,
+           (long long)written_bad);
+    CHECK(top_bad == 0 && top_n > 0);
+    CHECK(skipped_rows > 0 && written_bad == 0);
+    CHECK(launches == (uint64_t)(paths[2] + paths[3]));
     {
         const char *ge = getenv("KVZ_CUDA_GRAPH");
-        if (!(ge && ge[0] == '0')) CHECK(replays >= GRAPH_STEPS - 2); /* eager, capture, then replays */
+        if (!(ge && ge[0] == '0')) {
+            CHECK(paths[3] >= GRAPH_STEPS - 2); /* eager, capture, then replays */
+            CHECKF(churn_replays >= CHURN_STEPS - 2, "churn steps replayed %lld of %d", (long long)churn_replays,
+                   CHURN_STEPS);
+        } else {
+            CHECK(paths[2] == 0 && paths[3] == 0);
+        }
     }
     int64_t evs = 0;
     for (int i = 0; i < NC; i++) {

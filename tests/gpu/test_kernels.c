@@ -179,7 +179,7 @@ static void test_convert_argmax(void)
         for (int j = 0; j < ld; j++) lg[(size_t)r * ld + j] = rng_sym() * 10.f;
         int a = rng_int(V), c = rng_int(V);
         lg[(size_t)r * ld + a] = 50.f; lg[(size_t)r * ld + c] = 50.f;
-        if (r == 1) lg[(size_t)r * ld + rng_int(V)] = NAN;
+        if (r == 1) lg[(size_t)r * ld + 1 + rng_int(V - 1)] = NAN; /* not at 0: a NaN first element is the pick */
         lg[(size_t)r * ld + V] = 99.f; /* past n_vocab: must be ignored */
         want[r] = a < c ? a : c;
     }

@@ -6,7 +6,10 @@
  *     steps, one canceled by its token callback after 3 tokens. Every answer must be
  *     kvzip_ask's token for token (the canceled one its first 3 tokens), with the same
  *     answer_tokens / stopped / prompt_tokens; admission obeys max_admit; the steps
- *     really batch (a decode step of more than one answer happened).
+ *     really batch (a decode step of more than one answer happened). The greedy answers
+ *     take their token from the step's argmax ids (kvz_forward_multi_top), only the
+ *     sampled one gets its logits row: rows_logits counts exactly its decode steps, below
+ *     the answer-steps run, and every step is counted as one pass per answer (CPU).
  *  2. afterwards each session answers with kvzip_ask exactly as before (rolled back).
  *  3. bad input: NULL arguments, an empty question, a question over the output cache,
  *     a full batch, a session submitted twice, kvzip_ask / kvzip_session_close on a
@@ -139,11 +142,13 @@ int main(void)
            "step 1: %d live, %d running, %d waiting, %d admitted (max_admit 1)", r, bi.running, bi.waiting,
            bi.last_admitted);
     int steps = 1, maxsize = bi.last_step_size, joined = 0;
+    long long answer_steps = bi.last_step_size;
     while ((r = kvzip_batch_step(b)) > 0 || !joined) {
         REQUIRE(r >= 0 && steps < 200);
         steps++;
         kvzip_batch_info_get(b, &bi);
         if (bi.last_step_size > maxsize) maxsize = bi.last_step_size;
+        answer_steps += bi.last_step_size;
         if (steps == 3) { /* two more join while the first ones run */
             CHECK(kvzip_batch_submit(b, ss[2], qs[2], on_tok, on_done, &got[2]) == 0);
             CHECK(kvzip_batch_submit(b, ss[3], qs[3], on_tok, on_done, &got[3]) == 0);
@@ -159,6 +164,16 @@ int main(void)
     printf("batch: %d steps, largest decode step %d answers, %llu tokens\n", steps, maxsize,
            (unsigned long long)bi.tokens);
     CHECKF(maxsize >= 3, "the decode steps batched at most %d answers", maxsize);
+    /* answer 2 (sampled) is in every decode step after its admission until it ends: one
+     * step per token after the first, plus the one that sampled a stop token */
+    printf("batch: %llu of %lld answer-steps with a logits row; paths: %llu passes, %llu eager, %llu captured, "
+           "%llu replayed\n", (unsigned long long)bi.rows_logits, answer_steps, (unsigned long long)bi.steps_passes,
+           (unsigned long long)bi.steps_eager, (unsigned long long)bi.steps_captured,
+           (unsigned long long)bi.steps_replayed);
+    CHECKF(bi.rows_logits + 1 >= (uint64_t)ref[2].n && bi.rows_logits <= (uint64_t)ref[2].n,
+           "logits rows %llu for a sampled answer of %d tokens", (unsigned long long)bi.rows_logits, ref[2].n);
+    CHECK((long long)bi.rows_logits < answer_steps);
+    CHECK(bi.steps_passes == bi.steps && bi.steps_eager == 0 && bi.steps_captured == 0 && bi.steps_replayed == 0);
     for (int i = 0; i < NS; i++) {
         CHECKF(got[i].done == 1, "answer %d: done called %d times", i, got[i].done);
         if (i == 3) {
