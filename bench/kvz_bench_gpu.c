@@ -1184,8 +1184,6 @@ static void run_multi(kvz_model *m, const int32_t *pre, int32_t np, const int32_
     kvz_kvzip_params p;
     kvz_kvzip_defaults(&p);
     p.prefill_chunk = 8192;
-    const int64_t cap = kvz_kvzip_cache_rows(m, np, T, &p);
-    if (cap < 0) DIE("cache rows: %s (%s)", kvz_strerror((int)cap), kvz_error_detail());
     const size_t nlh = (size_t)NL * nkv;
     /* kept rows of each document, host fp32, per (layer, head) */
     uint32_t *cnt = malloc(sizeof(uint32_t) * nlh * nd);
@@ -1198,6 +1196,10 @@ static void run_multi(kvz_model *m, const int32_t *pre, int32_t np, const int32_
         const int32_t Tn = Td[d];
         for (int32_t i = 0; i < Tn; i++) ctx[i] = 32 + rnd(95);
         kvz_kv *kv;
+        /* the scoring's repeat chunks follow the document's own length (a shorter spare
+         * may need more rows than the longest document's chunking leaves) */
+        const int64_t cap = kvz_kvzip_cache_rows(m, np, Tn, &p);
+        if (cap < 0) DIE("cache rows: %s (%s)", kvz_strerror((int)cap), kvz_error_detail());
         API(kvz_kv_create(m, cap, 0, &kv));
         int32_t *all = doc_tokens(pre, np, ctx, Tn);
         prefill_passes(m, kv, all, np + Tn, p.prefill_chunk);
