@@ -50,6 +50,11 @@ typedef struct kvz_cuda_xxh3_job {
 int kvz_cuda_xxh3_chain(cudaStream_t s, const kvz_cuda_xxh3_job *jobs, int n_job, const uint64_t *sums,
                         uint64_t *digest);
 
+/** kvz_cuda_xxh3_chain() of one job given by value (its sums at @p sums + job.sums_off)
+ *  into *@p digest: the loader launches it on a side stream as soon as a record's sums
+ *  are queued, so the chains run while later records upload. */
+int kvz_cuda_xxh3_chain1(cudaStream_t s, kvz_cuda_xxh3_job job, const uint64_t *sums, uint64_t *digest);
+
 /** kvz_cuda_kv_load() that also checks q8/q4 rows exactly as kvz_kvrow_check (format/
  *  kvz_kvrow.h): a scale that is NaN, Inf or negative (sign bit set, -0 too), a q4 m
  *  that is NaN or Inf, or a q8 value -128 makes *@p bad_row (device u64) the minimum

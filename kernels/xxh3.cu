@@ -43,14 +43,13 @@ extern "C" int kvz_cuda_xxh3_sums(cudaStream_t s, const void *in, uint64_t n, ui
     return 0;
 }
 
-/* one block of 8 threads per job: thread i runs lane i's chain; thread 0 merges */
-__global__ void xxh3_chain_kernel(const kvz_cuda_xxh3_job *__restrict__ jobs, const uint64_t *__restrict__ sums,
-                                  uint64_t *__restrict__ digest)
+/* thread i of the calling block (8 threads) runs lane i's chain of job @p jb; thread 0
+ * merges into *@p out */
+__device__ __forceinline__ void xxh3_chain_body(const kvz_cuda_xxh3_job &jb, const uint64_t *__restrict__ sums,
+                                                uint64_t *out)
 {
     __shared__ uint64_t acc[8];
     const int i = threadIdx.x;
-    const kvz_cuda_xxh3_job jb = jobs[blockIdx.x];
-    if (jb.n < KVZ_XXH3L_MIN_LEN) return; /* no job (the whole block leaves) */
     const uint64_t *S = sums + jb.sums_off;
     const uint64_t nb = kvz_xxh3l_nblocks(jb.n), key = kvz_xxh3l_secret_word(jb.seed, 16 + i);
     uint64_t a = kvz_xxh3l_init(i);
@@ -58,7 +57,30 @@ __global__ void xxh3_chain_kernel(const kvz_cuda_xxh3_job *__restrict__ jobs, co
     for (uint64_t b = 0; b < nb; b++) a = kvz_xxh3l_scramble_k(a + S[b * 8 + i], key);
     acc[i] = a + S[nb * 8 + i];
     __syncthreads();
-    if (i == 0) digest[blockIdx.x] = kvz_xxh3l_merge(acc, jb.n, jb.seed);
+    if (i == 0) *out = kvz_xxh3l_merge(acc, jb.n, jb.seed);
+}
+
+/* one block of 8 threads per job */
+__global__ void xxh3_chain_kernel(const kvz_cuda_xxh3_job *__restrict__ jobs, const uint64_t *__restrict__ sums,
+                                  uint64_t *__restrict__ digest)
+{
+    const kvz_cuda_xxh3_job jb = jobs[blockIdx.x];
+    if (jb.n < KVZ_XXH3L_MIN_LEN) return; /* no job (the whole block leaves) */
+    xxh3_chain_body(jb, sums, digest + blockIdx.x);
+}
+
+/* one job, passed by value (launched per record as soon as its sums are queued) */
+__global__ void xxh3_chain1_kernel(kvz_cuda_xxh3_job jb, const uint64_t *__restrict__ sums, uint64_t *__restrict__ digest)
+{
+    xxh3_chain_body(jb, sums, digest);
+}
+
+extern "C" int kvz_cuda_xxh3_chain1(cudaStream_t s, kvz_cuda_xxh3_job job, const uint64_t *sums, uint64_t *digest)
+{
+    KVZ_ARG(sums && digest && job.n >= KVZ_XXH3L_MIN_LEN);
+    xxh3_chain1_kernel<<<1, 8, 0, s>>>(job, sums, digest);
+    KVZ_LAUNCH_CHECK("xxh3_chain1");
+    return 0;
 }
 
 extern "C" int kvz_cuda_xxh3_chain(cudaStream_t s, const kvz_cuda_xxh3_job *jobs, int n_job, const uint64_t *sums,

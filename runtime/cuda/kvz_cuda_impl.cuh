@@ -85,9 +85,10 @@ struct kvz_cuda_model {
      * block sums of each record's hash, its job, and results (digests, then first bad rows) */
     uint64_t *lv_sums, *lv_off;  /* device (lv_sums_n u64); host (lv_cap): each record's sums */
     size_t lv_sums_n;
-    struct kvz_cuda_xxh3_job *lv_jobs_h, *lv_jobs_d; /* pinned host, device (lv_cap) */
     uint64_t *lv_res_h, *lv_res_d;  /* pinned host, device (2 lv_cap) */
     int lv_cap, lv_n;
+    cudaStream_t lv_s;              /* the records' hash chains, beside the uploads on s */
+    cudaEvent_t lv_go, lv_done;     /* s -> lv_s (a record's sums queued), lv_s -> s (chains done) */
     /* continuous batching (kvz_cuda_multi.cu), grown on demand: activations for mb_n
      * rows, per-(layer, sequence) descriptors (device + pinned staging, with the
      * step's tokens and positions after them), attention workspace, logits */

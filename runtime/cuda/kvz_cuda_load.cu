@@ -92,10 +92,13 @@ static int load_into(kvz_kv *kv, int32_t layer, int slot, const void *src, size_
     TRY(kvz_cuda_kv_load_checked(s, &cc->L[layer], dtype, rows, row0, d + k_off, d + v_off,
                                  (const uint32_t *)(d + pos_off),
                                  rec >= 0 ? (unsigned long long *)(g->lv_res_d + g->lv_cap + rec) : NULL));
-    if (rec >= 0) {
+    if (rec >= 0) { /* the sums read the slot before it is given back; the chain (a few ms for
+                     * a 40 MB record: sequential per lane) runs on the side stream meanwhile */
         const uint64_t n = bytes - hash_off;
         TRY(kvz_cuda_xxh3_sums(s, d + hash_off, n, seed, g->lv_sums + g->lv_off[rec]));
-        g->lv_jobs_h[rec] = kvz_cuda_xxh3_job{n, seed, g->lv_off[rec]};
+        KVZ_CUDA_TRY(cudaEventRecord(g->lv_go, s));
+        KVZ_CUDA_TRY(cudaStreamWaitEvent(g->lv_s, g->lv_go, 0));
+        TRY(kvz_cuda_xxh3_chain1(g->lv_s, kvz_cuda_xxh3_job{n, seed, g->lv_off[rec]}, g->lv_sums, g->lv_res_d + rec));
     }
     KVZ_CUDA_TRY(cudaEventRecord(g->ld_ev[slot], s));
     for (int32_t h = 0; h < kv->n_kv_head; h++) kv->len[(size_t)layer * kv->n_kv_head + h] = row0 + rows[h];
@@ -130,14 +133,19 @@ extern "C" int kvz_cuda_load_layer_verified(kvz_kv *kv, int32_t layer, int slot,
 
 void kvz_cuda_load_verify_free(kvz_cuda_model *g)
 {
+    if (g->lv_s) { /* chains of a load that failed may still read the sums */
+        cudaStreamSynchronize(g->lv_s);
+        cudaStreamDestroy(g->lv_s);
+    }
+    if (g->lv_go) cudaEventDestroy(g->lv_go);
+    if (g->lv_done) cudaEventDestroy(g->lv_done);
+    g->lv_s = NULL;
+    g->lv_go = g->lv_done = NULL;
     dfree(g->lv_sums);
-    dfree(g->lv_jobs_d);
     dfree(g->lv_res_d);
-    if (g->lv_jobs_h) cudaFreeHost(g->lv_jobs_h);
     if (g->lv_res_h) cudaFreeHost(g->lv_res_h);
     free(g->lv_off);
     g->lv_sums = g->lv_off = g->lv_res_h = g->lv_res_d = NULL;
-    g->lv_jobs_h = g->lv_jobs_d = NULL;
     g->lv_sums_n = 0;
     g->lv_cap = g->lv_n = 0;
 }
@@ -155,11 +163,9 @@ extern "C" int kvz_cuda_load_verify_begin(kvz_model *m, int n_rec, const uint64_
         const size_t sn = sums > g->lv_sums_n ? sums + sums / 4 : g->lv_sums_n;
         kvz_cuda_load_verify_free(g);
         int rc = dmalloc((void **)&g->lv_sums, sn * 8 + 8, "load verification sums");
-        if (!rc) rc = dmalloc((void **)&g->lv_jobs_d, sizeof(kvz_cuda_xxh3_job) * (size_t)cap, "load verification jobs");
         if (!rc) rc = dmalloc((void **)&g->lv_res_d, 16 * (size_t)cap, "load verification results");
         cudaError_t e = cudaSuccess;
-        if (!rc) e = cudaHostAlloc((void **)&g->lv_jobs_h, sizeof(kvz_cuda_xxh3_job) * (size_t)cap, cudaHostAllocDefault);
-        if (!rc && e == cudaSuccess) e = cudaHostAlloc((void **)&g->lv_res_h, 16 * (size_t)cap, cudaHostAllocDefault);
+        if (!rc) e = cudaHostAlloc((void **)&g->lv_res_h, 16 * (size_t)cap, cudaHostAllocDefault);
         if (!rc && e == cudaSuccess && !(g->lv_off = (uint64_t *)malloc(8 * (size_t)cap))) rc = KVZ_ERR_NOMEM;
         if (!rc && e != cudaSuccess) {
             cudaGetLastError();
@@ -172,12 +178,24 @@ extern "C" int kvz_cuda_load_verify_begin(kvz_model *m, int n_rec, const uint64_
         g->lv_cap = cap;
         g->lv_sums_n = sn;
     }
+    if (!g->lv_s) {
+        cudaError_t e = cudaStreamCreateWithFlags(&g->lv_s, cudaStreamNonBlocking);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->lv_go, cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->lv_done, cudaEventDisableTiming);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            kvz_cuda_load_verify_free(g);
+            return kvz_error_set(KVZ_ERR_CUDA, "load verification stream: %s", cudaGetErrorString(e));
+        }
+    } else { /* a failed load's chains (no verify_end) finish before the results are reset */
+        KVZ_CUDA_TRY(cudaEventRecord(g->lv_done, g->lv_s));
+        KVZ_CUDA_TRY(cudaStreamWaitEvent(g->s, g->lv_done, 0));
+    }
     size_t at = 0;
     for (int r = 0; r < n_rec; r++) {
         g->lv_off[r] = at;
         if (hashed[r] >= KVZ_XXH3L_MIN_LEN) at += kvz_cuda_xxh3_sums_len(hashed[r]);
     }
-    memset(g->lv_jobs_h, 0, sizeof(kvz_cuda_xxh3_job) * (size_t)n_rec); /* n 0: not verified on the device */
     g->lv_n = n_rec;
     if (n_rec) { /* digests 0, first bad rows all ones (none) */
         KVZ_CUDA_TRY(cudaMemsetAsync(g->lv_res_d, 0, 8 * (size_t)n_rec, g->s));
@@ -192,10 +210,9 @@ extern "C" int kvz_cuda_load_verify_end(kvz_model *m, uint64_t *digest, uint64_t
     if (!g) return kvz_error_set(KVZ_ERR_ARG, "load_verify_end: no device model");
     const int n = g->lv_n;
     const cudaStream_t s = g->s;
-    if (n) {
-        KVZ_CUDA_TRY(cudaMemcpyAsync(g->lv_jobs_d, g->lv_jobs_h, sizeof(kvz_cuda_xxh3_job) * (size_t)n,
-                                     cudaMemcpyHostToDevice, s));
-        TRY(kvz_cuda_xxh3_chain(s, g->lv_jobs_d, n, g->lv_sums, g->lv_res_d));
+    if (n) { /* the chains (side stream) are done before the results come back */
+        KVZ_CUDA_TRY(cudaEventRecord(g->lv_done, g->lv_s));
+        KVZ_CUDA_TRY(cudaStreamWaitEvent(s, g->lv_done, 0));
         KVZ_CUDA_TRY(cudaMemcpyAsync(g->lv_res_h, g->lv_res_d, 8 * (size_t)n, cudaMemcpyDeviceToHost, s));
         KVZ_CUDA_TRY(cudaMemcpyAsync(g->lv_res_h + g->lv_cap, g->lv_res_d + g->lv_cap, 8 * (size_t)n,
                                      cudaMemcpyDeviceToHost, s));
