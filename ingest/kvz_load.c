@@ -559,7 +559,10 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
         if (j.direct) claim_zstd_first(&j, r);
         j.nslot = kvz_load_plan_slots(&want, bm.n_layer, j.be->load_max_slots);
         /* + 16: a direct record is shifted so that its K rows land 16-byte aligned */
-        if ((rc = j.be->load_slots(m, max_bytes + 16, j.nslot, j.slots))) goto out;
+        const double tsl = kvz_now();
+        rc = j.be->load_slots(m, max_bytes + 16, j.nslot, j.slots);
+        j.prof.slots_s += kvz_now() - tsl;
+        if (rc) goto out;
         for (int i = 0; i < j.nslot; i++) j.free_slot[j.nfree++] = i;
     }
     kvz_load_sync_init(&j.sy);

@@ -77,6 +77,8 @@ typedef struct kvz_load_profile {
     uint64_t bytes;          /**< stored bytes of the records */
     uint64_t records_dev_verified; /**< of records_direct: checksum and rows verified on the device */
     double dev_verify_s;     /**< calling thread: the device verification's end (wait, chain, results) */
+    double slots_s;          /**< calling thread: the pinned staging slots (grown, with a cudaHostAlloc,
+                                  when a document needs longer ones than the model has) */
 } kvz_load_profile;
 
 /** One layer's timeline (kvz_load_opts.trace): seconds from the start of the load. */
