@@ -87,7 +87,9 @@ struct kvz_cuda_model {
     size_t lv_sums_n;
     uint64_t *lv_res_h, *lv_res_d;  /* pinned host, device (2 lv_cap) */
     int lv_cap, lv_n;
-    cudaStream_t lv_s;              /* the records' hash chains, beside the uploads on s */
+#define KVZ_CUDA_LV_STREAMS 32
+    cudaStream_t lv_s[KVZ_CUDA_LV_STREAMS]; /* the records' hash chains, beside the uploads on s (record r on
+                                             * stream r % 32: a chain is one 8-thread block, so they run side by side) */
     cudaEvent_t lv_go, lv_done;     /* s -> lv_s (a record's sums queued), lv_s -> s (chains done) */
     /* continuous batching (kvz_cuda_multi.cu), grown on demand: activations for mb_n
      * rows, per-(layer, sequence) descriptors (device + pinned staging, with the

@@ -96,9 +96,10 @@ static int load_into(kvz_kv *kv, int32_t layer, int slot, const void *src, size_
                      * a 40 MB record: sequential per lane) runs on the side stream meanwhile */
         const uint64_t n = bytes - hash_off;
         TRY(kvz_cuda_xxh3_sums(s, d + hash_off, n, seed, g->lv_sums + g->lv_off[rec]));
+        const cudaStream_t cs = g->lv_s[rec % KVZ_CUDA_LV_STREAMS];
         KVZ_CUDA_TRY(cudaEventRecord(g->lv_go, s));
-        KVZ_CUDA_TRY(cudaStreamWaitEvent(g->lv_s, g->lv_go, 0));
-        TRY(kvz_cuda_xxh3_chain1(g->lv_s, kvz_cuda_xxh3_job{n, seed, g->lv_off[rec]}, g->lv_sums, g->lv_res_d + rec));
+        KVZ_CUDA_TRY(cudaStreamWaitEvent(cs, g->lv_go, 0));
+        TRY(kvz_cuda_xxh3_chain1(cs, kvz_cuda_xxh3_job{n, seed, g->lv_off[rec]}, g->lv_sums, g->lv_res_d + rec));
     }
     KVZ_CUDA_TRY(cudaEventRecord(g->ld_ev[slot], s));
     for (int32_t h = 0; h < kv->n_kv_head; h++) kv->len[(size_t)layer * kv->n_kv_head + h] = row0 + rows[h];
@@ -133,13 +134,15 @@ extern "C" int kvz_cuda_load_layer_verified(kvz_kv *kv, int32_t layer, int slot,
 
 void kvz_cuda_load_verify_free(kvz_cuda_model *g)
 {
-    if (g->lv_s) { /* chains of a load that failed may still read the sums */
-        cudaStreamSynchronize(g->lv_s);
-        cudaStreamDestroy(g->lv_s);
+    for (int k = 0; k < KVZ_CUDA_LV_STREAMS; k++) {
+        if (g->lv_s[k]) { /* chains of a load that failed may still read the sums */
+            cudaStreamSynchronize(g->lv_s[k]);
+            cudaStreamDestroy(g->lv_s[k]);
+        }
+        g->lv_s[k] = NULL;
     }
     if (g->lv_go) cudaEventDestroy(g->lv_go);
     if (g->lv_done) cudaEventDestroy(g->lv_done);
-    g->lv_s = NULL;
     g->lv_go = g->lv_done = NULL;
     dfree(g->lv_sums);
     dfree(g->lv_res_d);
@@ -148,6 +151,16 @@ void kvz_cuda_load_verify_free(kvz_cuda_model *g)
     g->lv_sums = g->lv_off = g->lv_res_h = g->lv_res_d = NULL;
     g->lv_sums_n = 0;
     g->lv_cap = g->lv_n = 0;
+}
+
+/* the model's stream waits for every chain queued on the side streams */
+static int chains_done(kvz_cuda_model *g)
+{
+    for (int k = 0; k < KVZ_CUDA_LV_STREAMS; k++) {
+        KVZ_CUDA_TRY(cudaEventRecord(g->lv_done, g->lv_s[k]));
+        KVZ_CUDA_TRY(cudaStreamWaitEvent(g->s, g->lv_done, 0));
+    }
+    return 0;
 }
 
 extern "C" int kvz_cuda_load_verify_begin(kvz_model *m, int n_rec, const uint64_t *hashed)
@@ -178,8 +191,10 @@ extern "C" int kvz_cuda_load_verify_begin(kvz_model *m, int n_rec, const uint64_
         g->lv_cap = cap;
         g->lv_sums_n = sn;
     }
-    if (!g->lv_s) {
-        cudaError_t e = cudaStreamCreateWithFlags(&g->lv_s, cudaStreamNonBlocking);
+    if (!g->lv_go) {
+        cudaError_t e = cudaSuccess;
+        for (int k = 0; k < KVZ_CUDA_LV_STREAMS && e == cudaSuccess; k++)
+            e = cudaStreamCreateWithFlags(&g->lv_s[k], cudaStreamNonBlocking);
         if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->lv_go, cudaEventDisableTiming);
         if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g->lv_done, cudaEventDisableTiming);
         if (e != cudaSuccess) {
@@ -188,8 +203,7 @@ extern "C" int kvz_cuda_load_verify_begin(kvz_model *m, int n_rec, const uint64_
             return kvz_error_set(KVZ_ERR_CUDA, "load verification stream: %s", cudaGetErrorString(e));
         }
     } else { /* a failed load's chains (no verify_end) finish before the results are reset */
-        KVZ_CUDA_TRY(cudaEventRecord(g->lv_done, g->lv_s));
-        KVZ_CUDA_TRY(cudaStreamWaitEvent(g->s, g->lv_done, 0));
+        TRY(chains_done(g));
     }
     size_t at = 0;
     for (int r = 0; r < n_rec; r++) {
@@ -210,9 +224,8 @@ extern "C" int kvz_cuda_load_verify_end(kvz_model *m, uint64_t *digest, uint64_t
     if (!g) return kvz_error_set(KVZ_ERR_ARG, "load_verify_end: no device model");
     const int n = g->lv_n;
     const cudaStream_t s = g->s;
-    if (n) { /* the chains (side stream) are done before the results come back */
-        KVZ_CUDA_TRY(cudaEventRecord(g->lv_done, g->lv_s));
-        KVZ_CUDA_TRY(cudaStreamWaitEvent(s, g->lv_done, 0));
+    if (n) { /* the chains (side streams) are done before the results come back */
+        TRY(chains_done(g));
         KVZ_CUDA_TRY(cudaMemcpyAsync(g->lv_res_h, g->lv_res_d, 8 * (size_t)n, cudaMemcpyDeviceToHost, s));
         KVZ_CUDA_TRY(cudaMemcpyAsync(g->lv_res_h + g->lv_cap, g->lv_res_d + g->lv_cap, 8 * (size_t)n,
                                      cudaMemcpyDeviceToHost, s));
