@@ -34,6 +34,7 @@ struct kvzip_model {
     kvz_doc_cache *dc;    /* loaded stored documents (ingest/kvz_doc_cache.h): a second
                              session on one document pays no load; thread-safe itself */
     double load_s;
+    int pin_map;          /* kvzip_model_opts.pin_store_map: loads take the direct route */
 };
 
 struct kvzip_store {

@@ -235,6 +235,7 @@ int kvzip_model_open(const char *path, const kvzip_model_opts *opts, kvzip_model
         free(m);
         return rc;
     }
+    m->pin_map = o.pin_store_map != 0;
     ref_init(&m->r);
     pthread_mutex_init(&m->dev, NULL);
     pthread_cond_init(&m->dev_cv, NULL);
@@ -320,6 +321,48 @@ int kvzip_store_open(const char *dir, unsigned flags, const kvzip_model *m, kvzi
     s->flags = flags;
     ref_init(&s->r);
     *out = s;
+    return 0;
+}
+
+typedef struct {
+    char id[1024];
+    uint64_t tokens;
+} longest_doc;
+
+static int pick_longest(void *user, const kvzip_doc_entry *d)
+{
+    longest_doc *b = user;
+    if (d->tokens > b->tokens && strlen(d->id) < sizeof b->id) {
+        b->tokens = d->tokens;
+        snprintf(b->id, sizeof b->id, "%s", d->id);
+    }
+    return 0;
+}
+
+int kvzip_model_prepare(kvzip_model *m, kvzip_store *s, char *doc_id, size_t doc_id_cap, double *seconds)
+{
+    NEED(m);
+    NEED(s);
+    if (seconds) *seconds = 0;
+    if (doc_id && doc_id_cap) doc_id[0] = 0;
+    int rc = ref_check(&m->r, 0, "model");
+    if (!rc) rc = ref_check(&s->r, 0, "store");
+    if (rc) return rc;
+    if (kvz_model_device(m->m) != KVZ_DEVICE_CUDA) return 0; /* the CPU loader has no staging */
+    longest_doc b = {.tokens = 0};
+    if ((rc = kvzip_store_list(s, pick_longest, &b))) return rc;
+    if (!b.tokens) return 0; /* an empty store */
+    const double t0 = kvz_now();
+    kvz_load_opts lo = {.direct = m->pin_map, .staging_only = 1};
+    kvz_kv *kv = NULL;
+    kvz_doc_meta dm;
+    kvz_api_dev_lock(m);
+    rc = kvz_load_doc(m->m, s->s, b.id, 0, 0, &lo, &kv, &dm);
+    kvz_api_dev_unlock(m);
+    kvz_kv_free(kv);
+    if (rc) return rc;
+    if (doc_id && doc_id_cap) snprintf(doc_id, doc_id_cap, "%s", b.id);
+    if (seconds) *seconds = kvz_now() - t0;
     return 0;
 }
 

@@ -20,6 +20,7 @@ int main(int argc, char **argv)
     const char *model_flag = NULL, *store_flag = NULL, *synth_flag = NULL;
     int32_t device = KVZIP_DEVICE_AUTO;
     long threads = 0;
+    int warmup = 1;
     o.api_key = getenv("KVZ_API_KEY");
     o.max_batch = 0; /* not given: by device, below */
     if (o.api_key && !o.api_key[0]) o.api_key = NULL;
@@ -45,6 +46,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--timeout")) o.timeout_s = cli_parse_double(a, cli_value(argc, argv, &i), 0, 86400);
         else if (!strcmp(a, "--api-key")) o.api_key = cli_value(argc, argv, &i);
         else if (!strcmp(a, "--model-name")) o.model_name = cli_value(argc, argv, &i);
+        else if (!strcmp(a, "--no-warmup")) warmup = 0;
         else cli_usage_error("unknown option '%s'", a);
     }
     if (model_flag && synth_flag) cli_usage_error("--model and --synthetic exclude each other");
@@ -81,6 +83,16 @@ int main(int argc, char **argv)
         cli_error(rc, "cannot open store %s", sp);
         kvzip_model_close(m);
         return cli_store_exit(rc);
+    }
+    if (warmup) { /* CUDA: load staging sized before the first request, not on its path */
+        char wid[1024];
+        double ws = 0;
+        int wr = kvzip_model_prepare(m, st, wid, sizeof wid, &ws);
+        if (wr)
+            fprintf(stderr, "kvzip-serve: warning: warm-up skipped: %s (%s)\n", kvzip_strerror(wr), kvzip_errdetail());
+        else if (wid[0])
+            fprintf(stderr, "kvzip-serve: warm-up: load staging sized for '%s', the longest stored document, in %.3f s\n",
+                    wid, ws);
     }
     rc = kvz_serve_run(m, st, &o);
     if (rc == KVZIP_ERR_ARG) fprintf(stderr, "kvzip-serve: error: --host %s is not an IPv4 address\n", o.host);

@@ -195,6 +195,21 @@ typedef struct kvzip_model_info {
 /** @return 0; KVZIP_ERR_ARG (NULL); KVZIP_ERR_CLOSED. */
 int kvzip_model_info_get(const kvzip_model *m, kvzip_model_info *out);
 
+typedef struct kvzip_store kvzip_store;
+
+/**
+ * Warm-up for a long-lived process (kvzip-serve calls it at start): on CUDA, size the
+ * model's pinned load staging for the longest document of @p s (by tokens), as its
+ * load would, so that a first load of any document up to that size allocates no
+ * pinned memory on the request's path (a cudaHostAlloc of ~0.1 s for an 8K-token
+ * llama3-8b document on an H200). Loads nothing; a no-op on the CPU or for an empty
+ * store. @p doc_id (may be NULL): the document it sized for ("" when none);
+ * @p seconds (may be NULL): the time it took.
+ * @return 0; KVZIP_ERR_ARG; KVZIP_ERR_CLOSED; the store's and the loader's errors
+ *   (KVZIP_ERR_FORMAT for a damaged META record, KVZIP_ERR_NOMEM, KVZIP_ERR_CUDA).
+ */
+int kvzip_model_prepare(kvzip_model *m, kvzip_store *s, char *doc_id, size_t doc_id_cap, double *seconds);
+
 /**
  * Tokens a question takes in the output cache: the question text plus the chat
  * layout around it ("\n\nQuestion: " ... assistant-turn opener).
@@ -204,8 +219,6 @@ int kvzip_question_tokens(const kvzip_model *m, const char *question, int32_t *n
 
 /* ------------------------------------------------------------------------- */
 /* Store                                                                       */
-
-typedef struct kvzip_store kvzip_store;
 
 enum {
     KVZIP_STORE_READONLY = 1u, /**< no writes (kvzip_ingest returns KVZIP_ERR_ARG) */

@@ -562,7 +562,7 @@ int kvz_load_doc(kvz_model *m, kvz_store *st, const char *doc_id, int64_t extra_
         const double tsl = kvz_now();
         rc = j.be->load_slots(m, max_bytes + 16, j.nslot, j.slots);
         j.prof.slots_s += kvz_now() - tsl;
-        if (rc) goto out;
+        if (rc || (o && o->staging_only)) goto out; /* staging_only: *out stays NULL */
         for (int i = 0; i < j.nslot; i++) j.free_slot[j.nfree++] = i;
     }
     kvz_load_sync_init(&j.sy);

@@ -116,6 +116,12 @@ typedef struct kvz_load_opts {
     int host_verify; /**< with direct: 1 verifies every record on the host even where the
                           backend could verify it on the device (A/B; also
                           KVZ_LOAD_GPU_VERIFY=0 in the environment) */
+    int staging_only; /**< 1: read the document's META and size the model's staging (pinned
+                           host slots + device buffers, and the direct route's verification
+                           buffers) as its load would, then return 0 with *out NULL: a
+                           long-lived process's warm-up, so that a first load of a document up
+                           to this size allocates no pinned memory (a cudaHostAlloc of ~0.1 s
+                           per 8K-token llama3-8b document on the H200) */
 } kvz_load_opts;
 
 /** Workers used by @p o (resolves 0). */

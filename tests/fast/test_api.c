@@ -144,6 +144,13 @@ int main(void)
     CHECK(r.parts == 3 && r.written == 3);
     CHECK(kvzip_store_has_doc(s, "parts.txt#3") == 1 && kvzip_store_has_doc(s, "parts.txt") == 0);
     CHECK(kvzip_store_has_doc(s, "parts.txt#4") == 0);
+    { /* the warm-up: nothing to size on the CPU (no staging), bad handles refused */
+        char wid[64] = "x";
+        double ws = -1;
+        CHECK(kvzip_model_prepare(NULL, s, wid, sizeof wid, &ws) == KVZIP_ERR_ARG);
+        CHECK(kvzip_model_prepare(m, NULL, wid, sizeof wid, &ws) == KVZIP_ERR_ARG);
+        CHECK(kvzip_model_prepare(m, s, wid, sizeof wid, &ws) == 0 && wid[0] == 0 && ws == 0);
+    }
 
     /* ---- sessions: stored cache (r = 1, f32) == the same text prefilled ---- */
     kvzip_session_opts so;
