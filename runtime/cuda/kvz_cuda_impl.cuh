@@ -80,6 +80,8 @@ struct kvz_cuda_model {
     void *ld_d[KVZ_CUDA_LOAD_MAX_SLOTS];
     cudaEvent_t ld_ev[KVZ_CUDA_LOAD_MAX_SLOTS];
     size_t ld_bytes;  /* bytes of each slot */
+    void *ld_base;    /* NULL, or the one registered mapping the slots' host sides lie in */
+    size_t ld_total;  /* its bytes */
     int ld_n;         /* slots allocated */
     /* the direct route's records verified on the device (kvz_cuda_load_verify_*):
      * block sums of each record's hash, its job, and results (digests, then first bad rows) */
@@ -116,6 +118,8 @@ void kvz_cuda_multi_free(kvz_cuda_model *g);
 
 /* free the loader's device-verification buffers (kvz_cuda_load.cu; model free) */
 void kvz_cuda_load_verify_free(kvz_cuda_model *g);
+/* the load staging's slots (host and device sides, events) */
+void kvz_cuda_load_free(kvz_cuda_model *g);
 
 /* ====================================================================== */
 /* cache (kvz_cuda_cache.cu)                                                */

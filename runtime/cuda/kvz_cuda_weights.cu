@@ -197,11 +197,7 @@ extern "C" void kvz_cuda_model_free(kvz_model *m)
     dfree(g->mb_ws);
     dfree(g->mb_logits);
     kvz_cuda_multi_free(g);
-    for (int i = 0; i < g->ld_n; i++) {
-        cudaFreeHost(g->ld_h[i]);
-        dfree(g->ld_d[i]);
-        cudaEventDestroy(g->ld_ev[i]);
-    }
+    kvz_cuda_load_free(g);
     kvz_cuda_load_verify_free(g);
     kvz_cuda_blas_destroy(g->blas);
     if (g->s) cudaStreamDestroy(g->s);
