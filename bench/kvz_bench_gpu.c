@@ -849,8 +849,9 @@ static void run_store(kvz_model *m, const kvz_tokens *pre, const int32_t *toks, 
                r->reprefill, r->hit, r->hit_ft, (r->hit + r->hit_ft) / r->reprefill, r->kept_gb,
                r->kept_gb / r->load, r->kept_bf16_gb / r->load, 100 * r->kept_gb / r->load / (h2d / 1e9));
     }
-    printf("\nWhere a cold load goes (the first load of each document in the process; staging slots grow with a "
-           "cudaHostAlloc when a document needs longer ones):\n\n| tokens | stored | cold load s | staging slots s | "
+    printf("\nWhere a cold load goes (the first load of each document in the process; the staging slots grow "
+           "(KVZ_STAGING=hostalloc: a cudaHostAlloc per slot, else one registered mapping) when a document needs "
+           "longer ones):\n\n| tokens | stored | cold load s | staging slots s | "
            "cache alloc s | upload thread: wait for layers / H2D + kernel s | workers: copy / hash / zstd s |\n"
            "|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < nr; i++) {

@@ -201,8 +201,8 @@ typedef struct kvzip_store kvzip_store;
  * Warm-up for a long-lived process (kvzip-serve calls it at start): on CUDA, size the
  * model's pinned load staging for the longest document of @p s (by tokens), as its
  * load would, so that a first load of any document up to that size allocates no
- * pinned memory on the request's path (a cudaHostAlloc of ~0.1 s for an 8K-token
- * llama3-8b document on an H200). Loads nothing; a no-op on the CPU or for an empty
+ * pinned memory on the request's path (~0.03 s for an 8K-token llama3-8b document
+ * on an H200). Loads nothing; a no-op on the CPU or for an empty
  * store. @p doc_id (may be NULL): the document it sized for ("" when none);
  * @p seconds (may be NULL): the time it took.
  * @return 0; KVZIP_ERR_ARG; KVZIP_ERR_CLOSED; the store's and the loader's errors

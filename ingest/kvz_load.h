@@ -77,7 +77,7 @@ typedef struct kvz_load_profile {
     uint64_t bytes;          /**< stored bytes of the records */
     uint64_t records_dev_verified; /**< of records_direct: checksum and rows verified on the device */
     double dev_verify_s;     /**< calling thread: the device verification's end (wait, chain, results) */
-    double slots_s;          /**< calling thread: the pinned staging slots (grown, with a cudaHostAlloc,
+    double slots_s;          /**< calling thread: the pinned staging slots (grown, a registered mapping,
                                   when a document needs longer ones than the model has) */
 } kvz_load_profile;
 
@@ -120,8 +120,8 @@ typedef struct kvz_load_opts {
                            host slots + device buffers, and the direct route's verification
                            buffers) as its load would, then return 0 with *out NULL: a
                            long-lived process's warm-up, so that a first load of a document up
-                           to this size allocates no pinned memory (a cudaHostAlloc of ~0.1 s
-                           per 8K-token llama3-8b document on the H200) */
+                           to this size allocates no pinned memory (~0.03 s per 8K-token
+                           llama3-8b document on the H200) */
 } kvz_load_opts;
 
 /** Workers used by @p o (resolves 0). */
