@@ -17,7 +17,7 @@
 static uint64_t g_graph_launches;
 extern "C" uint64_t kvz_cuda_graph_launches(void) { return g_graph_launches; }
 
-static size_t act_layout(const kvz_config *c, int32_t T, act_view *v, char *base)
+size_t kvz_cuda_act_layout(const kvz_config *c, int32_t T, act_view *v, char *base)
 {
     const size_t d = (size_t)c->n_embd, qd = (size_t)c->n_head * c->head_dim,
                  nqkv = qd + 2 * (size_t)c->n_kv_head * c->head_dim, ff = (size_t)c->n_ff;
@@ -49,10 +49,10 @@ static int ensure_act(kvz_kv *kv, int32_t T, act_view *v)
         dfree(cc->act); /* cudaFree synchronises the device */
         cc->act = NULL;
         cc->act_T = 0;
-        TRY(dmalloc(&cc->act, act_layout(c, nt, NULL, NULL), "activations"));
+        TRY(dmalloc(&cc->act, kvz_cuda_act_layout(c, nt, NULL, NULL), "activations"));
         cc->act_T = nt;
     }
-    act_layout(c, cc->act_T, v, (char *)cc->act);
+    kvz_cuda_act_layout(c, cc->act_T, v, (char *)cc->act);
     return 0;
 }
 

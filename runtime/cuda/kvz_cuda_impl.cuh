@@ -175,6 +175,11 @@ typedef struct act_view {
     int32_t *pos;  /* (T) */
 } act_view;
 
+/* The activations of T rows laid out from @p base into @p v (NULL: only the size);
+ * returns their bytes. The single-cache forward and the batched step (T = n
+ * sequences) share it (kvz_cuda_forward.cu). */
+size_t kvz_cuda_act_layout(const kvz_config *c, int32_t T, act_view *v, char *base);
+
 /* ====================================================================== */
 /* forward (kvz_cuda_forward.cu)                                            */
 

@@ -30,30 +30,6 @@
  * single-cache forward once per cache, so a batch of one is kvzip-query's path. */
 #include "kvz_cuda_impl.cuh"
 
-/* activation layout of the batched step for n rows */
-static size_t mb_layout(const kvz_config *c, int32_t n, act_view *v, char *base)
-{
-    const size_t d = (size_t)c->n_embd, qd = (size_t)c->n_head * c->head_dim,
-                 nqkv = qd + 2 * (size_t)c->n_kv_head * c->head_dim, ff = (size_t)c->n_ff;
-    size_t off = 0;
-#define SUB(field, type, count)                                          \
-    do {                                                                 \
-        if (v) v->field = (type *)(base + off);                          \
-        off += al256((size_t)(count) * sizeof(type));                    \
-    } while (0)
-    SUB(x, float, n * d);
-    SUB(xn, bf16, n * d);
-    SUB(qkv, bf16, n * nqkv);
-    SUB(att, bf16, n * qd);
-    SUB(gu, bf16, n * 2 * ff);
-    SUB(hb, bf16, n * ff);
-    SUB(tok, int32_t, n);
-    SUB(pos, int32_t, n);
-#undef SUB
-    if (v) v->att1 = NULL;
-    return off;
-}
-
 /* The batched step's graphs (struct mb_graph: one per coarse shape). */
 struct mb_graph {
     cudaGraphExec_t exec; /* NULL: seen once, not captured yet */
@@ -93,10 +69,10 @@ static int mb_ensure(kvz_model *m, int32_t n, int64_t max_len_b, int32_t max_slo
         dfree(g->mb_act);
         g->mb_act = NULL;
         g->mb_n = 0;
-        TRY(dmalloc(&g->mb_act, mb_layout(c, nn, NULL, NULL), "batched activations"));
+        TRY(dmalloc(&g->mb_act, kvz_cuda_act_layout(c, nn, NULL, NULL), "batched activations"));
         g->mb_n = nn;
     }
-    mb_layout(c, g->mb_n, a, (char *)g->mb_act);
+    kvz_cuda_act_layout(c, g->mb_n, a, (char *)g->mb_act); /* att1: unused here */
     if (n > g->mb_seq_n) {
         const int32_t nn = n < 32 ? 32 : n;
         const size_t bytes = (size_t)c->n_layer * nn * sizeof(kvz_cuda_seq);
