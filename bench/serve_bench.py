@@ -30,12 +30,10 @@ server counted, re-prefill / store). The server must accept an 8K-token question
 import json, os, statistics, sys, threading, time, urllib.request
 
 
-def ttft(url, body):
-    """(seconds to the first SSE chunk, prompt tokens) of one streamed request."""
+def chunks(url, body):
+    """The parsed SSE chunks of one streamed chat request, in order; an error chunk raises."""
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
-    t0 = time.monotonic()
-    first, prompt = None, -1
     with urllib.request.urlopen(req, timeout=600) as r:
         for raw in r:
             line = raw.decode().strip()
@@ -43,14 +41,22 @@ def ttft(url, body):
                 continue
             data = line[6:]
             if data == "[DONE]":
-                break
+                return
             o = json.loads(data)
             if "error" in o:
                 raise RuntimeError(o["error"]["message"])
-            if first is None and o.get("choices"):
-                first = time.monotonic()
-            if o.get("usage"):
-                prompt = o["usage"]["prompt_tokens"]
+            yield o
+
+
+def ttft(url, body):
+    """(seconds to the first SSE chunk, prompt tokens) of one streamed request."""
+    t0 = time.monotonic()
+    first, prompt = None, -1
+    for o in chunks(url, body):
+        if first is None and o.get("choices"):
+            first = time.monotonic()
+        if o.get("usage"):
+            prompt = o["usage"]["prompt_tokens"]
     if first is None:
         raise RuntimeError("no chunk with a token")
     return first - t0, prompt
@@ -95,29 +101,17 @@ per, max_tokens = int(sys.argv[5]), int(sys.argv[6])
 
 
 def one(doc, out, lock):
-    body = json.dumps({"messages": [{"role": "user", "content": question}], "documents": [doc],
-                       "max_tokens": max_tokens, "temperature": 0, "stream": True}).encode()
-    req = urllib.request.Request(url + "/v1/chat/completions", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    body = {"messages": [{"role": "user", "content": question}], "documents": [doc],
+            "max_tokens": max_tokens, "temperature": 0, "stream": True}
     t0 = time.monotonic()
     first = None
     n = 0
     try:
-        with urllib.request.urlopen(req, timeout=600) as r:
-            for raw in r:
-                line = raw.decode().strip()
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    break
-                o = json.loads(data)
-                if "error" in o:
-                    raise RuntimeError(o["error"]["message"])
-                if first is None and o.get("choices") and o["choices"][0]["delta"].get("content"):
-                    first = time.monotonic()
-                if o.get("usage"):
-                    n = o["usage"]["completion_tokens"]
+        for o in chunks(url, body):
+            if first is None and o.get("choices") and o["choices"][0]["delta"].get("content"):
+                first = time.monotonic()
+            if o.get("usage"):
+                n = o["usage"]["completion_tokens"]
         end = time.monotonic()
         if n < 1:
             raise RuntimeError("no tokens")
